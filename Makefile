@@ -1,0 +1,50 @@
+# Two commands on a fresh machine: `make check` (the main job) and `make test`.
+# Both set up .venv/ first. torch is installed as the local CPU build
+# (TORCH_SPEC) unless the interpreter already has a torch, which is then kept.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.dpsim-setup
+TORCH_SPEC ?= torch==2.13.0
+# Releases the tests load; fetched once into the dpsim cache ($$DPSIM_CACHE).
+TEST_RELEASES ?= 0.18.0 0.20.0 0.28.0 0.29.0 0.30.0 0.32.0 0.33.0
+PYTEST_WORKERS ?= auto
+
+.PHONY: setup check test bench lint fetch clean
+
+$(STAMP): pyproject.toml Makefile
+	@if [ ! -x $(BIN)/python ]; then \
+	  if $(PYTHON) -c 'import torch' 2>/dev/null; then \
+	    echo "setup: keeping the torch that $(PYTHON) already has"; \
+	    $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else \
+	    $(PYTHON) -m venv $(VENV); \
+	  fi; \
+	fi
+	@$(BIN)/python -c 'import torch' 2>/dev/null || \
+	  $(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+fetch: setup
+	$(BIN)/dpsim targets --quiet $(TEST_RELEASES)
+
+check: setup
+	$(BIN)/dpsim check
+
+test: fetch
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
+
+bench: setup
+	$(BIN)/dpsim bench
+
+lint: setup
+	$(BIN)/ruff check dpsim properties tests
+	$(BIN)/ruff format --check dpsim properties tests
+	$(BIN)/mypy dpsim
+
+clean:
+	rm -rf $(VENV) dpsim-out .pytest_cache .hypothesis

@@ -1,0 +1,160 @@
+"""The world a loaded target sees when it reaches outside its own code.
+
+A loaded target's ``torch.distributed``, ``get_dp_group()``, ``get_pp_group()``
+and ``should_skip_dp_coordination()`` resolve here *at call time* to whichever
+world is installed: the simulator's virtual ranks and fake collectives, the
+real process groups of a replay lane, or, when nothing is installed, real
+``torch.distributed`` and a DP group that refuses to be used. Nothing in torch
+is ever patched; only code loaded through :mod:`dpsim.targets.shim` looks here,
+so the rest of the process keeps the real thing.
+
+Loops in loaded code call :func:`tick` once per iteration (the shim inserts
+the call), which is how a simulator turns a rank that spins forever into a
+verdict instead of a hung harness, without any wall-clock timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import torch.distributed
+
+
+class GroupCoordinatorLike(Protocol):
+    """What vLLM code reads off ``get_dp_group()`` and friends.
+
+    Mirrors the parts of vLLM's ``GroupCoordinator`` that DP-sync code touches;
+    a world supplies one per group.
+    """
+
+    cpu_group: Any
+    device_group: Any
+    world_size: int
+    rank_in_group: int
+    ranks: list[int]
+    device: Any
+    is_first_rank: bool
+    is_last_rank: bool
+
+    def cpu_all_reduce_(self, tensor: Any) -> Any: ...
+    def all_reduce(self, tensor: Any) -> Any: ...
+    def all_gather(self, tensor: Any, dim: int = 0) -> Any: ...
+    def broadcast(self, tensor: Any, src: int = 0) -> Any: ...
+    def barrier(self) -> None: ...
+
+
+class World(Protocol):
+    """Everything a target may reach for outside its own module."""
+
+    #: Stands in for ``torch.distributed`` inside loaded targets.
+    dist: Any
+
+    def dp_group(self) -> GroupCoordinatorLike: ...
+    def pp_group(self) -> GroupCoordinatorLike: ...
+    def skip_dp_coordination(self) -> bool: ...
+    def tick(self) -> None: ...
+
+
+class NoDPGroupError(RuntimeError):
+    """Raised when a target asks for its DP group outside any simulated or real run."""
+
+
+class _SinglePipelineStage:
+    """The pipeline group of a deployment without pipeline parallelism."""
+
+    cpu_group = None
+    device_group = None
+    world_size = 1
+    rank_in_group = 0
+    ranks = [0]  # noqa: RUF012 - mirrors vLLM's attribute, never mutated
+    device = None
+    is_first_rank = True
+    is_last_rank = True
+
+    def cpu_all_reduce_(self, tensor: Any) -> Any:
+        return tensor
+
+    def all_reduce(self, tensor: Any) -> Any:
+        return tensor
+
+    def all_gather(self, tensor: Any, dim: int = 0) -> Any:
+        return tensor
+
+    def broadcast(self, tensor: Any, src: int = 0) -> Any:
+        return tensor
+
+    def barrier(self) -> None:
+        return None
+
+
+SINGLE_PIPELINE_STAGE = _SinglePipelineStage()
+
+
+class NoWorld:
+    """What a target sees when it is called outside a simulator or replay lane.
+
+    Building managers and introspecting a target need no world; running the
+    sync does, and says so instead of touching a default process group.
+    """
+
+    dist = torch.distributed
+
+    def dp_group(self) -> GroupCoordinatorLike:
+        raise NoDPGroupError(
+            "the target asked for its DP group outside a run: call it through "
+            "dpsim.sim (virtual ranks) or dpsim.replay (real process groups)"
+        )
+
+    def pp_group(self) -> GroupCoordinatorLike:
+        return SINGLE_PIPELINE_STAGE
+
+    def skip_dp_coordination(self) -> bool:
+        return False
+
+    def tick(self) -> None:
+        return None
+
+
+NO_WORLD = NoWorld()
+_current: World = NO_WORLD
+
+
+def current() -> World:
+    return _current
+
+
+@contextmanager
+def installed(world: World) -> Iterator[World]:
+    """Make ``world`` the one loaded targets see, for the duration of the block."""
+    global _current
+    previous = _current
+    _current = world
+    try:
+        yield world
+    finally:
+        _current = previous
+
+
+def tick() -> None:
+    """One loop iteration in loaded code; the shim inserts calls to this."""
+    _current.tick()
+
+
+class DistProxy:
+    """``torch.distributed`` as loaded targets see it: the installed world's.
+
+    Attribute lookups are forwarded on every access, so a target module that
+    did ``import torch.distributed as dist`` at load time still reaches the
+    world installed when it runs.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_current.dist, name)
+
+    def __repr__(self) -> str:
+        return "<torch.distributed as seen by a dpsim target>"
+
+
+DIST_PROXY = DistProxy()
