@@ -70,7 +70,9 @@ from typing import Any
 from dpsim.targets.manager import CUDAGRAPH_MODE_NAMES, ManagerConfig, Microbatching
 
 __all__ = [
+    "ALL_CAPABILITIES",
     "CUDAGRAPH_MODE_NAMES",
+    "NO_CAPABILITIES",
     "Capabilities",
     "CapturePolicy",
     "Microbatching",

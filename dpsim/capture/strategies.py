@@ -1,0 +1,220 @@
+"""Hypothesis strategies for capture policies.
+
+Two families, because they answer different questions. *Realistic* policies
+look like what vLLM computes or what operators write (the default grid,
+powers of two, step-8/16 lists, typical max_num_seqs, spec decode 1..8), so a
+failure there is a production bug. *Adversarial* policies are still valid but
+odd (a single size 96, sizes beyond max_num_seqs x decode length, a
+max_capture_size below the largest size, LoRA cases without 0, a drafter table
+unlike the target's, microbatching thresholds near zero), so a failure there
+is a contract bug that real configurations merely have not hit yet.
+
+Every strategy takes :class:`~dpsim.capture.policy.Capabilities` so a version
+is only given features it has. Shrinking is designed in: every choice lists
+its simplest option first (``sampled_from`` and ``one_of`` shrink towards
+their first element, integers towards their lower bound), so a failing
+example shrinks to something like ``capture_sizes=[1], cudagraph_mode=FULL``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from dpsim.capture.policy import (
+    ALL_CAPABILITIES,
+    Capabilities,
+    CapturePolicy,
+    Microbatching,
+    vllm_default_max_capture_size,
+    vllm_default_sizes,
+)
+
+__all__ = [
+    "MODES_SIMPLEST_FIRST",
+    "adversarial_policies",
+    "policies",
+    "realistic_policies",
+    "realistic_sizes",
+]
+
+#: FULL first: one descriptor per size, the easiest table to read.
+MODES_SIMPLEST_FIRST = (
+    "FULL",
+    "PIECEWISE",
+    "FULL_DECODE_ONLY",
+    "FULL_AND_PIECEWISE",
+    "NONE",
+)
+_CAPTURING_MODES = MODES_SIMPLEST_FIRST[:-1]
+
+_TYPICAL_MAX_NUM_SEQS = (16, 32, 64, 128, 256, 512, 1024)
+_CEILINGS = (1, 8, 16, 32, 64, 128, 256, 512)
+
+
+def _powers_of_two(ceiling: int) -> tuple[int, ...]:
+    return tuple(1 << k for k in range(ceiling.bit_length()) if 1 << k <= ceiling)
+
+
+def _stepped(step: int, ceiling: int) -> tuple[int, ...]:
+    return tuple(range(step, ceiling + 1, step)) or (step,)
+
+
+@st.composite
+def realistic_sizes(draw: st.DrawFn) -> tuple[int, ...]:
+    """Capture-size lists of the shapes vLLM and operators use."""
+    ceiling = draw(st.sampled_from(_CEILINGS))
+    shape = draw(st.sampled_from(("default", "powers_of_two", "step8", "step16")))
+    if shape == "default":
+        return vllm_default_sizes(ceiling)
+    if shape == "powers_of_two":
+        return _powers_of_two(ceiling)
+    return _stepped(8 if shape == "step8" else 16, max(ceiling, 8))
+
+
+def _lora_cases(capabilities: Capabilities, adversarial: bool) -> st.SearchStrategy:
+    if not capabilities.has_lora:
+        return st.none()
+    if adversarial:
+        # Cases without 0, gaps, a single large case: all valid input to the
+        # manager, none what vLLM's own get_lora_capture_cases produces.
+        return st.one_of(
+            st.none(),
+            st.lists(st.integers(0, 16), min_size=1, max_size=5, unique=True).map(
+                lambda cases: tuple(sorted(cases))
+            ),
+        )
+    # What vLLM produces: [0] (no LoRA), [0, max_loras + 1] without
+    # specialisation, powers of two up to max_loras plus max_loras + 1 with it.
+    return st.sampled_from(
+        (None, (0,), (0, 5), (0, 1, 2, 4, 5), (0, 9), (0, 1, 2, 4, 8, 9))
+    )
+
+
+def _microbatching(capabilities: Capabilities, adversarial: bool) -> st.SearchStrategy:
+    if not capabilities.has_microbatching:
+        return st.none()
+    if adversarial:
+        settings = st.builds(
+            Microbatching,
+            num_ubatches=st.integers(2, 4),
+            decode_token_threshold=st.integers(0, 64),
+            prefill_token_threshold=st.integers(0, 1024),
+        )
+    else:
+        settings = st.builds(
+            Microbatching,
+            num_ubatches=st.just(2),
+            decode_token_threshold=st.sampled_from((32, 16, 64, 128)),
+            prefill_token_threshold=st.sampled_from((512, 256, 1024, 2048)),
+        )
+    return st.one_of(st.none(), settings)
+
+
+@st.composite
+def _realistic(
+    draw: st.DrawFn, capabilities: Capabilities, with_drafter: bool
+) -> CapturePolicy:
+    mode = draw(st.sampled_from(MODES_SIMPLEST_FIRST))
+    max_num_seqs = draw(st.sampled_from(_TYPICAL_MAX_NUM_SEQS))
+    decode_query_len = draw(st.integers(1, 8))
+    # Draw the sizes even when they are then replaced: Hypothesis ranks
+    # shorter choice sequences as simpler, so a branch that skipped draws
+    # would beat [1] during shrinking.
+    sizes = draw(realistic_sizes())
+    if draw(st.booleans()):
+        # Exactly what vLLM computes when the user configures nothing.
+        ceiling = vllm_default_max_capture_size(max_num_seqs, decode_query_len)
+        sizes = vllm_default_sizes(ceiling)
+    varlen = (
+        capabilities.has_varlen_decode
+        and decode_query_len > 1
+        and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+        and draw(st.booleans())
+    )
+    drafter = None
+    if with_drafter and decode_query_len > 1 and draw(st.booleans()):
+        # vLLM's drafters capture one-token decode steps over their own sizes.
+        drafter = draw(
+            _realistic(capabilities, with_drafter=False).map(
+                lambda d: replace(d, decode_query_len=1, microbatching=None)
+            )
+        )
+    return CapturePolicy(
+        capture_sizes=sizes,
+        cudagraph_mode=mode,
+        max_num_seqs=max_num_seqs,
+        decode_query_len=decode_query_len,
+        lora_capture_cases=draw(_lora_cases(capabilities, adversarial=False)),
+        varlen_decode=varlen,
+        max_capture_size=None,
+        microbatching=draw(_microbatching(capabilities, adversarial=False)),
+        drafter=drafter,
+    )
+
+
+def realistic_policies(
+    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+) -> st.SearchStrategy[CapturePolicy]:
+    """Policies shaped like vLLM's defaults and common operator settings."""
+    return _realistic(capabilities, with_drafter)
+
+
+#: Sizes that are valid but nobody's default: odd, non-multiples of 8, and
+#: one larger than any default ceiling.
+_ODD_SIZES = (96, 7, 13, 100, 1000, 3, 257)
+
+
+@st.composite
+def _adversarial_sizes(draw: st.DrawFn) -> tuple[int, ...]:
+    # Each element is one choice of branch plus one value whichever branch,
+    # so the list [1] stays the simplest draw.
+    element = st.one_of(st.integers(1, 2048), st.sampled_from(_ODD_SIZES))
+    return tuple(sorted(draw(st.lists(element, min_size=1, max_size=10, unique=True))))
+
+
+@st.composite
+def _adversarial(
+    draw: st.DrawFn, capabilities: Capabilities, with_drafter: bool
+) -> CapturePolicy:
+    sizes = draw(_adversarial_sizes())
+    mode = draw(st.sampled_from(_CAPTURING_MODES))
+    max_num_seqs = draw(st.integers(1, 1024))
+    decode_query_len = draw(st.integers(1, 8))
+    # Possibly below the largest size: the manager then drops decode graphs
+    # that a size would otherwise give.
+    max_capture_size = draw(st.one_of(st.none(), st.integers(1, 2048)))
+    varlen = capabilities.has_varlen_decode and draw(st.booleans())
+    drafter = None
+    if with_drafter and draw(st.booleans()):
+        drafter = draw(_adversarial(capabilities, with_drafter=False))
+    return CapturePolicy(
+        capture_sizes=sizes,
+        cudagraph_mode=mode,
+        max_num_seqs=max_num_seqs,
+        decode_query_len=decode_query_len,
+        lora_capture_cases=draw(_lora_cases(capabilities, adversarial=True)),
+        varlen_decode=varlen,
+        max_capture_size=max_capture_size,
+        microbatching=draw(_microbatching(capabilities, adversarial=True)),
+        drafter=drafter,
+    )
+
+
+def adversarial_policies(
+    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+) -> st.SearchStrategy[CapturePolicy]:
+    """Valid but odd policies: sparse sizes, tight ceilings, unusual cases."""
+    return _adversarial(capabilities, with_drafter)
+
+
+def policies(
+    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+) -> st.SearchStrategy[CapturePolicy]:
+    """Either family; shrinks towards the realistic one, whose minimum is
+    ``capture_sizes=[1]``, FULL, max_num_seqs 16, no spec decode."""
+    return st.one_of(
+        realistic_policies(capabilities, with_drafter=with_drafter),
+        adversarial_policies(capabilities, with_drafter=with_drafter),
+    )
