@@ -1,0 +1,28 @@
+"""Where the real code comes from, and how it is run without vLLM's dependencies.
+
+``load_target("0.29.0")`` fetches (once) and loads a release; a directory
+loads a source tree or installed package; ``load_target("0.29.0",
+"dp_utils.py")`` runs a single file against that release's manager and enums.
+See :mod:`dpsim.targets.shim` for how, and :mod:`dpsim.targets.adapters` for
+the uniform call interface over every version's API.
+"""
+
+from dpsim.targets.adapters import Agreement, Descriptor, SyncAPI, SyncInputs
+from dpsim.targets.load import Target, load_spec, load_target
+from dpsim.targets.manager import ManagerConfig, Microbatching
+from dpsim.targets.spec import DEFAULT_RELEASE, TargetSpec, parse_target
+
+__all__ = [
+    "DEFAULT_RELEASE",
+    "Agreement",
+    "Descriptor",
+    "ManagerConfig",
+    "Microbatching",
+    "SyncAPI",
+    "SyncInputs",
+    "Target",
+    "TargetSpec",
+    "load_spec",
+    "load_target",
+    "parse_target",
+]

@@ -1,0 +1,112 @@
+"""``dpsim targets``: fetch, load and show what each target's API looks like."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dpsim.errors import UsageError
+from dpsim.targets import Target, load_target
+from dpsim.targets.cache import cache_root, cached_releases
+
+HELP = "fetch, load and show targets (cached releases when none are named)"
+EPILOG = """\
+A SPEC is a vLLM release (0.29.0), a vLLM source tree or an installed vllm
+package directory. With --target FILE, FILE replaces the dp_utils.py of the
+single --vllm SPEC. Releases are fetched once into $DPSIM_CACHE
+(default ~/.cache/dpsim) and work offline afterwards.
+
+examples:
+  dpsim targets 0.18.0 0.29.0 0.33.0
+  dpsim targets --target ./dp_utils.py --vllm 0.29.0
+  dpsim targets --json
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "targets",
+        help=HELP,
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("specs", nargs="*", metavar="SPEC")
+    parser.add_argument("--target", metavar="FILE", help="a single dp_utils.py")
+    parser.add_argument("--vllm", metavar="SPEC", help="what --target runs against")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument(
+        "--quiet", action="store_true", help="only fetch and load; one line each"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    requests: list[tuple[str | None, str | None]] = []
+    if arguments.target:
+        if arguments.specs:
+            raise UsageError("--target takes its vLLM from --vllm, not from SPECs")
+        requests.append((arguments.vllm, arguments.target))
+    elif arguments.vllm:
+        raise UsageError("--vllm goes with --target; name releases as SPECs")
+    else:
+        names = arguments.specs or cached_releases()
+        if not names:
+            print(f"no releases cached in {cache_root()}; name some, e.g. 0.33.0")
+            return 0
+        requests.extend((name, None) for name in names)
+    failures = 0
+    for vllm, target_file in requests:
+        try:
+            target = load_target(vllm, target_file)
+        except UsageError as error:
+            failures += 1
+            print(f"dpsim: error: {error}", file=sys.stderr)
+            continue
+        if arguments.json:
+            print(json.dumps(describe(target), sort_keys=True))
+        elif arguments.quiet:
+            print(f"ok  {target.label}")
+        else:
+            print(render(target))
+    return 2 if failures else 0
+
+
+def describe(target: Target) -> dict[str, Any]:
+    api = target.api
+    return {
+        "target": target.label,
+        "spec": target.spec.to_dict(),
+        "version": target.version,
+        "entry": api.entry,
+        "parameters": list(api.parameters),
+        "collective": api.collective,
+        "tensor_rows": api.tensor_rows,
+        "agreement": list(api.agreement_fields) or "tensor",
+        "descriptor": list(api.descriptor_fields),
+        "features": list(api.features),
+        "files": {loaded.module: loaded.sha256 for loaded in target.files},
+    }
+
+
+def render(target: Target) -> str:
+    api = target.api
+    agreement = (
+        f"DPSyncState({', '.join(api.agreement_fields)})"
+        if api.agreement_fields
+        else "num_tokens_across_dp tensor (no DPSyncState)"
+    )
+    rows = f", {api.tensor_rows}-row tensor" if api.tensor_rows else ""
+    lines = [
+        target.label,
+        f"  entry:      {api.entry}({', '.join(api.parameters)})",
+        f"  collective: {api.collective}{rows}",
+        f"  agreement:  {agreement}",
+        f"  descriptor: BatchExecutionDescriptor({', '.join(api.descriptor_fields)})",
+        f"  features:   {' '.join(api.features) or '(none beyond the basic sync)'}",
+    ]
+    for loaded in target.files:
+        lines.append(f"  loaded:     {loaded.path}  sha256 {loaded.sha256[:12]}")
+    return "\n".join(lines)

@@ -1,0 +1,321 @@
+"""One call interface over every version's DP-sync API, found by introspection.
+
+vLLM's sync function changed name, parameters and return type release by
+release (see DESIGN.md). Rather than a table keyed by version strings, the
+adapter reads the loaded module: which entry point exists, which parameters it
+takes, what its agreement object holds, and which collective its source
+issues. Callers then pass :class:`SyncInputs` and get back the version's own
+descriptor and agreement, which :func:`describe` and :func:`agreement_of`
+turn into plain, comparable values.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.targets.shim import function
+
+DISPATCH_AND_SYNC = "dispatch_cg_and_sync_dp"
+SYNC_ONLY = "sync_cudagraph_and_dp_padding"
+LEGACY = "get_cudagraph_and_dp_padding"
+REUSE_PARAMETERS = ("dp_sync_state", "dp_sync")
+
+#: SyncInputs field -> the feature a version must have to accept a non-default.
+_OPTIONAL_INPUTS = {
+    "max_query_len": "max_query_len",
+    "need_eager": "need_eager",
+    "num_active_loras": "num_active_loras",
+    "allow_ubatching": "allow_ubatching",
+    "uniform_decode": "uniform_decode",
+    "allow_skip_drafts": "allow_skip_drafts",
+}
+
+
+@dataclass(frozen=True)
+class SyncInputs:
+    """What one rank passes to one sync call."""
+
+    num_reqs: int
+    num_tokens: int
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    need_eager: bool = False
+    num_active_loras: int = 0
+    allow_ubatching: bool = False
+    uniform_decode: bool = False
+    allow_skip_drafts: bool = False
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """A ``BatchExecutionDescriptor`` as plain values (fields a version lacks: default)."""
+
+    cg_mode: str
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    num_active_loras: int = 0
+    num_ubatches: int = 1
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What a sync call agreed, whether the version returns a ``DPSyncState`` or a tensor.
+
+    Fields the version does not report are None.
+    """
+
+    num_tokens_across_dp: tuple[int, ...]
+    uniform_token_count: int | None = None
+    eager: bool | None = None
+    num_reqs: int | None = None
+    skip_drafts: bool | None = None
+
+
+@dataclass(frozen=True)
+class SyncAPI:
+    """How to call one loaded version, and what it offers."""
+
+    entry: str
+    parameters: tuple[str, ...]
+    #: The parameter that takes a prior agreement for reuse, if any.
+    reuse_parameter: str | None
+    #: Fields of the version's ``DPSyncState``; empty when it returns a tensor.
+    agreement_fields: tuple[str, ...]
+    #: Fields of the version's ``BatchExecutionDescriptor``.
+    descriptor_fields: tuple[str, ...]
+    #: How the sync reaches the other ranks, read off its source.
+    collective: str
+    #: Rows of the all-reduced tensor, read off its source (None if not found).
+    tensor_rows: int | None
+    _sync: Callable[..., Any] = dataclasses.field(repr=False, compare=False)
+    _descriptor_class: type = dataclasses.field(repr=False, compare=False)
+    _none_mode: Any = dataclasses.field(repr=False, compare=False)
+
+    def has(self, feature: str) -> bool:
+        """Whether the sync takes the parameter ``feature`` (or can reuse, for "reuse")."""
+        if feature == "reuse":
+            return self.reuse_parameter is not None
+        return feature in self.parameters
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        named = [name for name in _OPTIONAL_INPUTS.values() if name in self.parameters]
+        if self.reuse_parameter is not None:
+            named.append("reuse")
+        if "skip_drafts" in self.agreement_fields:
+            named.append("skip_drafts")
+        return tuple(named)
+
+    def call(
+        self,
+        manager: Any,
+        inputs: SyncInputs,
+        dp_size: int,
+        dp_rank: int,
+        *,
+        parallel_config: Any = None,
+        reuse: Any = None,
+    ) -> tuple[Any, Any]:
+        """Run the version's sync for one rank; return its own (descriptor, agreement)."""
+        self._refuse_unsupported(inputs, reuse)
+        if self.entry == SYNC_ONLY:
+            return self._call_sync_only(manager, inputs, dp_size, dp_rank)
+        kwargs: dict[str, Any] = {
+            name: getattr(inputs, name)
+            for name in _OPTIONAL_INPUTS
+            if name in self.parameters
+        }
+        if "parallel_config" in self.parameters:
+            kwargs["parallel_config"] = parallel_config
+        if reuse is not None and self.reuse_parameter is not None:
+            kwargs[self.reuse_parameter] = reuse
+        return self._sync(
+            manager,
+            inputs.num_reqs,
+            inputs.num_tokens,
+            inputs.uniform_token_count,
+            dp_size,
+            dp_rank,
+            **kwargs,
+        )
+
+    def _call_sync_only(
+        self, manager: Any, inputs: SyncInputs, dp_size: int, dp_rank: int
+    ) -> tuple[Any, Any]:
+        # 0.18-0.19 have no dispatch-and-sync entry: their model runner
+        # dispatched locally, then synced only when dp_size > 1. Do the same.
+        if inputs.need_eager or manager is None:
+            desired = self._descriptor_class(
+                cg_mode=self._none_mode,
+                num_tokens=inputs.num_tokens,
+                num_reqs=inputs.num_reqs,
+            )
+        else:
+            desired = manager.dispatch(
+                inputs.num_reqs, inputs.num_tokens, inputs.uniform_token_count
+            )
+        if dp_size == 1:
+            return desired, None
+        return self._sync(
+            manager,
+            desired,
+            inputs.num_tokens,
+            inputs.num_reqs,
+            inputs.uniform_token_count,
+            dp_size,
+            dp_rank,
+        )
+
+    def _refuse_unsupported(self, inputs: SyncInputs, reuse: Any) -> None:
+        for name, feature in _OPTIONAL_INPUTS.items():
+            default = SyncInputs.__dataclass_fields__[name].default
+            if getattr(inputs, name) != default and feature not in self.parameters:
+                if name == "need_eager" and self.entry == SYNC_ONLY:
+                    continue
+                raise ValueError(f"this version's sync takes no {name}")
+        if reuse is not None and self.reuse_parameter is None:
+            raise ValueError("this version's sync cannot reuse an agreement")
+
+
+def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> SyncAPI:
+    """Introspect a loaded ``dp_utils`` module; refuse what no adapter supports."""
+    descriptor_class = cudagraph_utils.__dict__.get("BatchExecutionDescriptor")
+    if descriptor_class is None or not dataclasses.is_dataclass(descriptor_class):
+        raise TargetError(
+            f"{cudagraph_utils.__file__} defines no BatchExecutionDescriptor dataclass"
+        )
+    entry_function = function(dp_utils, DISPATCH_AND_SYNC)
+    entry = DISPATCH_AND_SYNC
+    if entry_function is None:
+        entry_function = function(dp_utils, SYNC_ONLY)
+        entry = SYNC_ONLY
+    if entry_function is None:
+        if function(dp_utils, LEGACY) is not None:
+            raise TargetError(
+                f"{dp_utils.__file__} exposes {LEGACY} (the vLLM 0.15-0.17 API, "
+                "with no capture manager), which dpsim does not adapt; "
+                "use vLLM 0.18.0 or later"
+            )
+        raise TargetError(
+            f"{dp_utils.__file__} defines neither {DISPATCH_AND_SYNC} nor "
+            f"{SYNC_ONLY}: not a vLLM dp_utils module"
+        )
+    parameters = tuple(inspect.signature(entry_function).parameters)
+    expected = (
+        ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count")
+        if entry == DISPATCH_AND_SYNC
+        else ("cudagraph_manager", "desired_batch_desc", "num_tokens", "num_reqs")
+    )
+    if parameters[: len(expected)] != expected or "dp_rank" not in parameters:
+        raise TargetError(
+            f"{dp_utils.__file__}: {entry}{inspect.signature(entry_function)} "
+            "has a signature no dpsim adapter supports"
+        )
+    state_class = dp_utils.__dict__.get("DPSyncState")
+    agreement_fields = (
+        tuple(field.name for field in dataclasses.fields(state_class))
+        if state_class is not None and dataclasses.is_dataclass(state_class)
+        else ()
+    )
+    collective, rows = _read_collective(Path(dp_utils.__file__ or ""))
+    return SyncAPI(
+        entry=entry,
+        parameters=parameters,
+        reuse_parameter=next(
+            (name for name in REUSE_PARAMETERS if name in parameters), None
+        ),
+        agreement_fields=agreement_fields,
+        descriptor_fields=tuple(
+            field.name for field in dataclasses.fields(descriptor_class)
+        ),
+        collective=collective,
+        tensor_rows=rows,
+        _sync=entry_function,
+        _descriptor_class=descriptor_class,
+        _none_mode=mode_enum.NONE,
+    )
+
+
+def _read_collective(path: Path) -> tuple[str, int | None]:
+    """Name the collective the source issues, and the rows of its tensor."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return "unknown", None
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+    names: list[str] = []
+    rows: int | None = None
+    for call in calls:
+        callee = call.func
+        if isinstance(callee, ast.Attribute):
+            if callee.attr == "all_reduce" and _is_name(callee.value, "dist"):
+                names.append("torch.distributed.all_reduce")
+            elif callee.attr == "cpu_all_reduce_":
+                names.append("get_dp_group().cpu_all_reduce_")
+            elif (
+                callee.attr == "zeros"
+                and _is_name(callee.value, "torch")
+                and rows is None
+                and call.args
+                and isinstance(call.args[0], ast.Constant)
+                and isinstance(call.args[0].value, int)
+                and len(call.args) > 1
+            ):
+                rows = call.args[0].value
+        elif (
+            isinstance(callee, ast.Name) and callee.id == "should_skip_dp_coordination"
+        ):
+            names.append("skipped under skip_dp_coordination()")
+    unique = list(dict.fromkeys(names))
+    return (" or ".join(unique) if unique else "none found"), rows
+
+
+def _is_name(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def describe(native: Any) -> Descriptor:
+    """A version's ``BatchExecutionDescriptor`` as plain values."""
+    return Descriptor(
+        cg_mode=native.cg_mode.name,
+        num_tokens=int(native.num_tokens),
+        num_reqs=None if native.num_reqs is None else int(native.num_reqs),
+        uniform_token_count=_optional_int(getattr(native, "uniform_token_count", None)),
+        max_query_len=_optional_int(getattr(native, "max_query_len", None)),
+        num_active_loras=int(getattr(native, "num_active_loras", 0)),
+        num_ubatches=int(getattr(native, "num_ubatches", 1)),
+    )
+
+
+def agreement_of(native: Any) -> Agreement | None:
+    """A version's agreement (``DPSyncState``, tensor or None) as plain values."""
+    if native is None:
+        return None
+    if not dataclasses.is_dataclass(native):
+        return Agreement(num_tokens_across_dp=tuple(int(v) for v in native.tolist()))
+    return Agreement(
+        num_tokens_across_dp=tuple(
+            int(v) for v in native.num_tokens_across_dp.tolist()
+        ),
+        uniform_token_count=_optional_int(native.uniform_token_count),
+        eager=bool(native.eager),
+        num_reqs=_optional_int(getattr(native, "num_reqs", None)),
+        skip_drafts=(
+            bool(native.skip_drafts) if hasattr(native, "skip_drafts") else None
+        ),
+    )
+
+
+def _optional_int(value: Any) -> int | None:
+    # 0.18-0.27 can hand back a 0-d tensor where an int is meant.
+    return None if value is None else int(value)

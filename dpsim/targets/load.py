@@ -1,0 +1,158 @@
+"""A loaded target: the real sync function of one vLLM, ready to run.
+
+``load_target`` resolves a spec to a package directory (the release cache, a
+source tree, an installed package), executes the files under test in a
+private :class:`~dpsim.targets.shim.ModuleLoader`, and adapts the result.
+Loaded targets are memoised per spec and file state, so a process that
+checks thousands of cases loads each version once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.targets import adapters
+from dpsim.targets.cache import ensure_release
+from dpsim.targets.manager import (
+    ManagerConfig,
+    Microbatching,
+    ParallelConfigStandIn,
+    build_manager,
+)
+from dpsim.targets.shim import LoadedFile, ModuleLoader
+from dpsim.targets.spec import ReleaseSpec, TargetSpec, parse_target
+from dpsim.targets.standins import STAND_INS
+
+DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
+CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
+COMPILATION_MODULE = "vllm.config.compilation"
+_VERSION_LINE = re.compile(
+    r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M
+)
+
+
+@dataclass(frozen=True, eq=False)
+class Target:
+    """The real DP-sync code of one vLLM (or one file on top of one vLLM)."""
+
+    spec: TargetSpec
+    #: The vLLM version of the base, when known.
+    version: str | None
+    files: tuple[LoadedFile, ...]
+    dp_utils: ModuleType = field(repr=False)
+    cudagraph_utils: ModuleType = field(repr=False)
+    compilation: ModuleType = field(repr=False)
+    api: adapters.SyncAPI = field(repr=False)
+
+    @property
+    def label(self) -> str:
+        base = f"vllm {self.version}" if self.version else f"vllm at {self.spec.base}"
+        if self.spec.dp_utils_file is None:
+            return base
+        return f"{self.spec.dp_utils_file.name} on {base}"
+
+    @property
+    def CUDAGraphMode(self) -> Any:
+        return self.compilation.CUDAGraphMode
+
+    @property
+    def BatchExecutionDescriptor(self) -> type:
+        return self.cudagraph_utils.BatchExecutionDescriptor
+
+    @property
+    def manager_class(self) -> type:
+        return self.cudagraph_utils.CudaGraphManager
+
+    def build_manager(self, config: ManagerConfig) -> Any:
+        """A real ``CudaGraphManager`` of this version for ``config``."""
+        return build_manager(
+            self.manager_class,
+            self.CUDAGraphMode,
+            config,
+            self.compilation.__dict__.get("CompilationConfig"),
+        )
+
+    def parallel_config(
+        self, dp_size: int, dp_rank: int, microbatching: Microbatching | None
+    ) -> ParallelConfigStandIn:
+        return ParallelConfigStandIn(
+            data_parallel_size=dp_size,
+            data_parallel_rank=dp_rank,
+            microbatching=microbatching,
+        )
+
+
+_loaded: dict[tuple[Any, ...], Target] = {}
+
+
+def load_target(
+    vllm: str | None = None, target_file: str | Path | None = None
+) -> Target:
+    """Load ``--vllm SPEC`` (default: the newest supported release), optionally
+    with ``--target FILE`` replacing its ``dp_utils.py``."""
+    return load_spec(parse_target(vllm, target_file))
+
+
+def load_spec(spec: TargetSpec) -> Target:
+    key = (spec, _file_state(spec.dp_utils_file))
+    found = _loaded.get(key)
+    if found is None:
+        found = _load(spec)
+        _loaded[key] = found
+    return found
+
+
+def _file_state(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    stat = path.stat()
+    return (stat.st_mtime_ns, stat.st_size)
+
+
+def _load(spec: TargetSpec) -> Target:
+    if isinstance(spec.base, ReleaseSpec):
+        package_dir = ensure_release(spec.base.version)
+        version: str | None = spec.base.version
+    else:
+        package_dir = spec.base.package_dir
+        version = _tree_version(package_dir)
+    overrides = {DP_UTILS_MODULE: spec.dp_utils_file} if spec.dp_utils_file else {}
+    loader = ModuleLoader(package_dir, overrides=overrides, stand_ins=STAND_INS)
+    for required in (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE):
+        if loader.source_path(required) is None:
+            raise TargetError(
+                f"{spec.base}: no {required.replace('.', '/')}.py there "
+                "(dpsim needs vLLM 0.18 or later)"
+            )
+    dp_utils = loader.module(DP_UTILS_MODULE)
+    cudagraph_utils = loader.module(CUDAGRAPH_MODULE)
+    compilation = loader.module(COMPILATION_MODULE)
+    mode_enum = compilation.__dict__.get("CUDAGraphMode")
+    if mode_enum is None or not hasattr(mode_enum, "NONE"):
+        raise TargetError(
+            f"{spec.base}: vllm/config/compilation.py has no CUDAGraphMode"
+        )
+    api = adapters.adapt(dp_utils, cudagraph_utils, mode_enum)
+    return Target(
+        spec=spec,
+        version=version,
+        files=tuple(loader.loaded),
+        dp_utils=dp_utils,
+        cudagraph_utils=cudagraph_utils,
+        compilation=compilation,
+        api=api,
+    )
+
+
+def _tree_version(package_dir: Path) -> str | None:
+    version_file = package_dir / "_version.py"
+    try:
+        match = _VERSION_LINE.search(version_file.read_text())
+    except OSError:
+        return None
+    return match.group(1) if match else None

@@ -1,0 +1,212 @@
+"""Real ``CudaGraphManager`` instances, built without a GPU.
+
+vLLM's manager reads a handful of config attributes in ``__init__``, builds its
+capture table in ``_init_candidates`` and dispatches from it; none of that
+touches a device. We hand it a plain config object carrying only what it
+reads, mark its graphs captured, and from then on its ``dispatch`` is exactly
+that version's dispatch. Constructor arguments are matched by introspection,
+so a version that lacks (say) ``varlen_decode`` simply never receives it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from types import MethodType, SimpleNamespace
+from typing import Any
+
+CUDAGRAPH_MODE_NAMES = (
+    "NONE",
+    "PIECEWISE",
+    "FULL",
+    "FULL_DECODE_ONLY",
+    "FULL_AND_PIECEWISE",
+)
+
+
+@dataclass(frozen=True)
+class Microbatching:
+    """vLLM's microbatching (DBO) settings, for versions that have them (0.30+)."""
+
+    num_ubatches: int = 2
+    decode_token_threshold: int = 32
+    prefill_token_threshold: int = 512
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    """What a ``CudaGraphManager`` is built from: one capture table.
+
+    ``cudagraph_mode`` is a ``CUDAGraphMode`` member name, resolved against the
+    target's own enum so that every version uses its own.
+    """
+
+    capture_sizes: tuple[int, ...]
+    cudagraph_mode: str
+    max_num_seqs: int
+    decode_query_len: int = 1
+    lora_capture_cases: tuple[int, ...] | None = None
+    varlen_decode: bool = False
+    #: ``compilation_config.max_cudagraph_capture_size``; defaults to the
+    #: largest capture size, as vLLM derives it.
+    max_capture_size: int | None = None
+    microbatching: Microbatching | None = None
+    data_parallel_size: int = 2
+    tensor_parallel_size: int = 1
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def effective_max_capture_size(self) -> int:
+        if self.max_capture_size is not None:
+            return self.max_capture_size
+        return max(self.capture_sizes, default=0)
+
+
+class ParallelConfigStandIn:
+    """The slice of vLLM's ``ParallelConfig`` that DP-sync code reads.
+
+    ``use_ubatching`` and ``num_ubatches`` follow vLLM's own definitions
+    (``enable_dbo or ubatch_size > 1``; ``2 if enable_dbo else ubatch_size``).
+    """
+
+    def __init__(
+        self,
+        *,
+        data_parallel_size: int = 1,
+        data_parallel_rank: int = 0,
+        tensor_parallel_size: int = 1,
+        microbatching: Microbatching | None = None,
+    ) -> None:
+        self.data_parallel_size = data_parallel_size
+        self.data_parallel_rank = data_parallel_rank
+        self.tensor_parallel_size = tensor_parallel_size
+        self.pipeline_parallel_size = 1
+        self.disable_nccl_for_dp_synchronization = True
+        if microbatching is None:
+            self.enable_dbo = False
+            self.ubatch_size = 1
+            self.dbo_decode_token_threshold = 32
+            self.dbo_prefill_token_threshold = 512
+        else:
+            self.enable_dbo = microbatching.num_ubatches == 2
+            self.ubatch_size = microbatching.num_ubatches
+            self.dbo_decode_token_threshold = microbatching.decode_token_threshold
+            self.dbo_prefill_token_threshold = microbatching.prefill_token_threshold
+
+    @property
+    def use_ubatching(self) -> bool:
+        return self.enable_dbo or self.ubatch_size > 1
+
+    @property
+    def num_ubatches(self) -> int:
+        return 2 if self.enable_dbo else self.ubatch_size
+
+    def __repr__(self) -> str:
+        return (
+            f"ParallelConfig(dp={self.data_parallel_size}, "
+            f"ubatching={self.use_ubatching}, num_ubatches={self.num_ubatches})"
+        )
+
+
+class ConfigView(SimpleNamespace):
+    """A vLLM config object holding only what dpsim sets.
+
+    A method the manager calls on it is the version's own, taken from the
+    real config class (``real_class``) and bound to this view. Any other
+    attribute the manager reads is absent from the configuration being
+    modelled, so it reads as off (``None``), the default of every such
+    feature switch; ``defaulted`` records those names for diagnostics.
+    """
+
+    def __init__(self, real_class: type | None = None, **values: Any) -> None:
+        super().__init__(**values)
+        self.__dict__["_real_class"] = real_class
+        self.__dict__["defaulted"] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        real_class = self.__dict__["_real_class"]
+        method = getattr(real_class, name, None) if real_class is not None else None
+        if inspect.isfunction(method):
+            return MethodType(method, self)
+        self.__dict__["defaulted"].add(name)
+        return ConfigView()
+
+    def __bool__(self) -> bool:
+        # An empty view stands for an absent sub-config (``if spec_config:``).
+        return bool(
+            {k: v for k, v in self.__dict__.items() if k not in _VIEW_INTERNALS}
+        )
+
+
+_VIEW_INTERNALS = frozenset({"_real_class", "defaulted"})
+
+
+def _vllm_config(config: ManagerConfig, compilation_class: type | None) -> ConfigView:
+    parallel = ParallelConfigStandIn(
+        data_parallel_size=config.data_parallel_size,
+        tensor_parallel_size=config.tensor_parallel_size,
+        microbatching=config.microbatching,
+    )
+    return ConfigView(
+        scheduler_config=ConfigView(max_num_seqs=config.max_num_seqs),
+        compilation_config=ConfigView(
+            compilation_class,
+            cudagraph_capture_sizes=list(config.capture_sizes),
+            max_cudagraph_capture_size=config.effective_max_capture_size,
+        ),
+        parallel_config=parallel,
+        speculative_config=None,
+        num_speculative_tokens=max(config.decode_query_len - 1, 0),
+        lora_config=None,
+    )
+
+
+class _MicrobatchRunnerPlaceholder:
+    """Present so the manager plans microbatched graphs; never runs anything."""
+
+    capture_stream = None
+
+
+def build_manager(
+    manager_class: type,
+    mode_enum: Any,
+    config: ManagerConfig,
+    compilation_class: type | None = None,
+) -> Any:
+    """Construct ``manager_class`` for ``config`` and mark its graphs captured.
+
+    ``compilation_class`` is the version's own ``CompilationConfig``, whose
+    methods the manager may call on its config (older versions round capture
+    sizes for spec decode that way).
+    """
+    vllm_config = _vllm_config(config, compilation_class)
+    offered: dict[str, Any] = {
+        "vllm_config": vllm_config,
+        "device": "cpu",
+        "cudagraph_mode": mode_enum[config.cudagraph_mode],
+        "decode_query_len": config.decode_query_len,
+        "lora_capture_cases": (
+            list(config.lora_capture_cases)
+            if config.lora_capture_cases is not None
+            else None
+        ),
+        "varlen_decode": config.varlen_decode,
+        "ubatch_runner": (
+            _MicrobatchRunnerPlaceholder() if config.microbatching else None
+        ),
+    }
+    parameters = inspect.signature(manager_class.__init__).parameters
+    kwargs = {name: value for name, value in offered.items() if name in parameters}
+    manager = manager_class(**kwargs)
+    # Capture would run the model on a GPU; what dispatch needs is only the
+    # flag that capture sets when it is done.
+    manager._graphs_captured = True
+    return manager
+
+
+def manager_parameters(manager_class: type) -> tuple[str, ...]:
+    """The constructor parameters this version's manager accepts."""
+    names = inspect.signature(manager_class.__init__).parameters
+    return tuple(name for name in names if name != "self")
