@@ -189,8 +189,10 @@ class SyncAPI:
 
 def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> SyncAPI:
     """Introspect a loaded ``dp_utils`` module; refuse what no adapter supports."""
-    descriptor_class = cudagraph_utils.__dict__.get("BatchExecutionDescriptor")
-    if descriptor_class is None or not dataclasses.is_dataclass(descriptor_class):
+    descriptor_class: Any = cudagraph_utils.__dict__.get("BatchExecutionDescriptor")
+    if not isinstance(descriptor_class, type) or not dataclasses.is_dataclass(
+        descriptor_class
+    ):
         raise TargetError(
             f"{cudagraph_utils.__file__} defines no BatchExecutionDescriptor dataclass"
         )
@@ -303,15 +305,17 @@ def agreement_of(native: Any) -> Agreement | None:
         return None
     if not dataclasses.is_dataclass(native):
         return Agreement(num_tokens_across_dp=tuple(int(v) for v in native.tolist()))
+    return _state_agreement(native)
+
+
+def _state_agreement(state: Any) -> Agreement:
     return Agreement(
-        num_tokens_across_dp=tuple(
-            int(v) for v in native.num_tokens_across_dp.tolist()
-        ),
-        uniform_token_count=_optional_int(native.uniform_token_count),
-        eager=bool(native.eager),
-        num_reqs=_optional_int(getattr(native, "num_reqs", None)),
+        num_tokens_across_dp=tuple(int(v) for v in state.num_tokens_across_dp.tolist()),
+        uniform_token_count=_optional_int(state.uniform_token_count),
+        eager=bool(state.eager),
+        num_reqs=_optional_int(getattr(state, "num_reqs", None)),
         skip_drafts=(
-            bool(native.skip_drafts) if hasattr(native, "skip_drafts") else None
+            bool(state.skip_drafts) if hasattr(state, "skip_drafts") else None
         ),
     )
 

@@ -197,7 +197,7 @@ def build_manager(
             _MicrobatchRunnerPlaceholder() if config.microbatching else None
         ),
     }
-    parameters = inspect.signature(manager_class.__init__).parameters
+    parameters = inspect.signature(manager_class).parameters
     kwargs = {name: value for name, value in offered.items() if name in parameters}
     manager = manager_class(**kwargs)
     # Capture would run the model on a GPU; what dispatch needs is only the
@@ -208,5 +208,4 @@ def build_manager(
 
 def manager_parameters(manager_class: type) -> tuple[str, ...]:
     """The constructor parameters this version's manager accepts."""
-    names = inspect.signature(manager_class.__init__).parameters
-    return tuple(name for name in names if name != "self")
+    return tuple(inspect.signature(manager_class).parameters)

@@ -48,8 +48,9 @@ class GroupCoordinatorLike(Protocol):
 class World(Protocol):
     """Everything a target may reach for outside its own module."""
 
-    #: Stands in for ``torch.distributed`` inside loaded targets.
-    dist: Any
+    @property
+    def dist(self) -> Any:
+        """Stands in for ``torch.distributed`` inside loaded targets."""
 
     def dp_group(self) -> GroupCoordinatorLike: ...
     def pp_group(self) -> GroupCoordinatorLike: ...

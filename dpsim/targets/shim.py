@@ -178,9 +178,14 @@ class _TickEveryLoop(ast.NodeTransformer):
         ast.fix_missing_locations(call)
         return loop
 
-    visit_For = _tick
-    visit_While = _tick
-    visit_AsyncFor = _tick
+    def visit_For(self, node: ast.For) -> ast.AST:
+        return self._tick(node)
+
+    def visit_While(self, node: ast.While) -> ast.AST:
+        return self._tick(node)
+
+    def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.AST:
+        return self._tick(node)
 
 
 def _future_flags(tree: ast.Module) -> int:
