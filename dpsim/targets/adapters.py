@@ -189,13 +189,6 @@ class SyncAPI:
 
 def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> SyncAPI:
     """Introspect a loaded ``dp_utils`` module; refuse what no adapter supports."""
-    descriptor_class: Any = cudagraph_utils.__dict__.get("BatchExecutionDescriptor")
-    if not isinstance(descriptor_class, type) or not dataclasses.is_dataclass(
-        descriptor_class
-    ):
-        raise TargetError(
-            f"{cudagraph_utils.__file__} defines no BatchExecutionDescriptor dataclass"
-        )
     entry_function = function(dp_utils, DISPATCH_AND_SYNC)
     entry = DISPATCH_AND_SYNC
     if entry_function is None:
@@ -211,6 +204,13 @@ def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> 
         raise TargetError(
             f"{dp_utils.__file__} defines neither {DISPATCH_AND_SYNC} nor "
             f"{SYNC_ONLY}: not a vLLM dp_utils module"
+        )
+    descriptor_class: Any = cudagraph_utils.__dict__.get("BatchExecutionDescriptor")
+    if not isinstance(descriptor_class, type) or not dataclasses.is_dataclass(
+        descriptor_class
+    ):
+        raise TargetError(
+            f"{cudagraph_utils.__file__} defines no BatchExecutionDescriptor dataclass"
         )
     parameters = tuple(inspect.signature(entry_function).parameters)
     expected = (
@@ -257,6 +257,7 @@ def _read_collective(path: Path) -> tuple[str, int | None]:
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
     names: list[str] = []
     rows: int | None = None
+    skippable = False
     for call in calls:
         callee = call.func
         if isinstance(callee, ast.Attribute):
@@ -277,13 +278,35 @@ def _read_collective(path: Path) -> tuple[str, int | None]:
         elif (
             isinstance(callee, ast.Name) and callee.id == "should_skip_dp_coordination"
         ):
-            names.append("skipped under skip_dp_coordination()")
+            skippable = True
     unique = list(dict.fromkeys(names))
-    return (" or ".join(unique) if unique else "none found"), rows
+    described = " or ".join(unique) if unique else "none found"
+    if skippable:
+        described += ", skipped under skip_dp_coordination()"
+    return described, rows
 
 
 def _is_name(node: ast.expr, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
+
+
+def dispatch(
+    manager: Any,
+    num_reqs: int,
+    num_tokens: int,
+    uniform_token_count: int | None = None,
+    **optional: Any,
+) -> Any:
+    """Call any version's ``manager.dispatch``, passing only what it accepts.
+
+    ``num_active_loras`` became a required parameter in 0.24; a version that
+    takes it gets 0 unless told otherwise.
+    """
+    accepted = inspect.signature(manager.dispatch).parameters
+    if "num_active_loras" in accepted:
+        optional.setdefault("num_active_loras", 0)
+    kwargs = {name: value for name, value in optional.items() if name in accepted}
+    return manager.dispatch(num_reqs, num_tokens, uniform_token_count, **kwargs)
 
 
 def describe(native: Any) -> Descriptor:

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -139,15 +140,25 @@ def _download(version: str, into: Path) -> Path:
     wheels = sorted(into.glob("vllm-*.whl"))
     if result.returncode == 0 and wheels:
         return wheels[0]
-    detail = _pip_reason(result.stderr + result.stdout)
-    if "No matching distribution" in detail or "Could not find a version" in detail:
-        raise TargetError(f"vllm {version} is not a release on the package index")
+    output = result.stderr + result.stdout
+    offered = _OFFERED.search(output)
+    if offered and offered.group(1).strip() != "none":
+        raise TargetError(
+            f"vllm {version} is not a release on the package index "
+            f"(newest there: {offered.group(1).split(',')[-1].strip()})"
+        )
     if result.returncode == 0:
         raise TargetError(f"vllm {version}: the package index offers no wheel for it")
+    # "from versions: none" means the index offered nothing at all: unreachable.
+    detail = "the package index cannot be reached" if offered else _pip_reason(output)
     raise TargetError(
         f"cannot fetch vllm {version} ({detail}) and it is not in the dpsim cache "
         f"({cache_root()}); set DPSIM_CACHE to a cache that has it, or go online"
     )
+
+
+#: pip's list of what the index offers, printed when the requested one is absent.
+_OFFERED = re.compile(r"\(from versions: ([^)]*)\)")
 
 
 def _pip_reason(output: str) -> str:

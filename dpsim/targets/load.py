@@ -17,7 +17,7 @@ from typing import Any
 
 from dpsim.errors import TargetError
 from dpsim.targets import adapters
-from dpsim.targets.cache import ensure_release
+from dpsim.targets.cache import cache_root, ensure_release
 from dpsim.targets.manager import (
     ManagerConfig,
     Microbatching,
@@ -31,9 +31,8 @@ from dpsim.targets.standins import STAND_INS
 DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
 CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 COMPILATION_MODULE = "vllm.config.compilation"
-_VERSION_LINE = re.compile(
-    r"""^(?:__version__|version)\s*(?::\s*str\s*)?=\s*['"]([^'"]+)['"]""", re.M
-)
+# ``__version__ = version = '0.29.0'`` as setuptools-scm writes it, or simpler.
+_VERSION_LINE = re.compile(r"""^(?:__version__|version)\b.*?['"]([^'"]+)['"]""", re.M)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,7 +98,10 @@ def load_target(
 
 
 def load_spec(spec: TargetSpec) -> Target:
-    key = (spec, _file_state(spec.dp_utils_file))
+    # A release's files live in the cache in use; a different cache is a
+    # different place to load from.
+    where = cache_root() if isinstance(spec.base, ReleaseSpec) else None
+    key = (spec, _file_state(spec.dp_utils_file), where)
     found = _loaded.get(key)
     if found is None:
         found = _load(spec)

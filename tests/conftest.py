@@ -1,0 +1,45 @@
+"""Shared test helpers.
+
+Real vLLM source is never committed: tests that need it load releases from
+the dpsim cache (``make test`` fetches them first) or derive files from a
+cached release's own sources at test time.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dpsim.targets import Target, load_target
+from dpsim.targets.cache import ensure_release
+
+
+@pytest.fixture
+def release() -> Callable[[str], Target]:
+    """Load a release from the dpsim cache (fetching it if it is missing)."""
+    return load_target
+
+
+@pytest.fixture
+def release_file() -> Callable[[str, str], Path]:
+    """The path of one source file inside a cached release."""
+
+    def locate(version: str, relative: str) -> Path:
+        return ensure_release(version) / relative
+
+    return locate
+
+
+@pytest.fixture
+def write_module(tmp_path: Path) -> Callable[[str, str], Path]:
+    """Write a hand-written module (dedented) and return its path."""
+
+    def write(name: str, source: str) -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(source))
+        return path
+
+    return write
