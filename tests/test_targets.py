@@ -14,11 +14,9 @@ import torch.distributed
 
 from dpsim.cli import main
 from dpsim.errors import TargetError
-from dpsim.targets import ManagerConfig, SyncInputs, load_target
+from dpsim.targets import ManagerConfig, SyncInputs, load_target, runtime
 from dpsim.targets import cache as cache_module
-from dpsim.targets import runtime
 from dpsim.targets.adapters import DISPATCH_AND_SYNC, SYNC_ONLY, describe, dispatch
-from dpsim.targets.load import Target
 
 pytestmark = pytest.mark.release
 
@@ -266,7 +264,7 @@ def test_a_wheel_without_dp_utils_is_refused_and_not_cached(
     monkeypatch.setattr(
         cache_module, "_download", lambda version, into: Path(shutil.copy(wheel, into))
     )
-    with pytest.raises(TargetError, match="has no vllm/v1/worker/gpu/dp_utils.py"):
+    with pytest.raises(TargetError, match=r"has no vllm/v1/worker/gpu/dp_utils\.py"):
         cache_module.ensure_release("0.1.0", tmp_path / "cache")
     assert _entries(tmp_path / "cache") == []
 
@@ -297,7 +295,7 @@ def test_an_api_no_adapter_supports_is_refused(
         "def get_cudagraph_and_dp_padding(num_tokens, dp_size, dp_rank):\n"
         "    return num_tokens, None\n",
     )
-    with pytest.raises(TargetError, match="0.15-0.17 API"):
+    with pytest.raises(TargetError, match=r"0\.15-0\.17 API"):
         load_target("0.29.0", legacy)
     odd = write_module(
         "odd.py",
@@ -308,7 +306,7 @@ def test_an_api_no_adapter_supports_is_refused(
 
 
 def test_a_real_legacy_release_is_refused_with_the_reason() -> None:
-    with pytest.raises(TargetError, match="0.15-0.17 API"):
+    with pytest.raises(TargetError, match=r"0\.15-0\.17 API"):
         load_target("0.17.0")
 
 
