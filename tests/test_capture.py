@@ -38,6 +38,7 @@ from dpsim.capture import (
 )
 from dpsim.capture.contract import make_descriptor
 from dpsim.capture.strategies import adversarial_policies, policies, realistic_policies
+from dpsim.errors import UsageError
 
 # ---------------------------------------------------------------- policies
 
@@ -156,6 +157,7 @@ def test_invalid_policies_are_refused_in_one_line(
     assert str(caught.value) == message
     assert "\n" not in str(caught.value)
     assert isinstance(caught.value, ValueError)
+    assert isinstance(caught.value, UsageError)
 
 
 def test_eager_policy_may_have_no_sizes() -> None:

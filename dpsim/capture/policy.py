@@ -67,6 +67,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from dpsim.errors import UsageError
 from dpsim.targets.manager import CUDAGRAPH_MODE_NAMES, ManagerConfig, Microbatching
 
 __all__ = [
@@ -83,8 +84,11 @@ __all__ = [
 ]
 
 
-class PolicyError(ValueError):
-    """A policy that cannot describe any real deployment; the message is one line."""
+class PolicyError(UsageError, ValueError):
+    """A policy that cannot describe any real deployment; the message is one line.
+
+    A :class:`~dpsim.errors.UsageError`, so the CLI prints it alone (exit 2).
+    """
 
 
 # vLLM's default ceiling off Blackwell; Blackwell uses 1024. A policy that
