@@ -1,0 +1,93 @@
+"""How much the simulator adds to the target's own cost.
+
+``overhead`` = (wall time of ``rounds`` calls of ``simulate(programs, ranks)``)
+/ (wall time of ``rounds`` rounds of the bare baseline), where one bare round
+calls every rank's program once, one after another, in an ``InstantWorld``
+that answers each collective at once with the result the simulated run
+recorded. Both sides make the same per-rank calls and do the same torch work
+(the bare side still copies each result into the rank's tensor); the
+difference is scheduling, matching, reducing, recording and building the
+result. ``overhead >= 1`` means the simulator is slower; 1.0 would be free.
+
+The two sides are timed in alternating chunks so that drift in machine speed
+(other processes, frequency scaling) hits both alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dpsim.sim.instant import InstantWorld
+from dpsim.sim.render import render_table
+from dpsim.sim.scheduler import Program
+from dpsim.sim.simulate import per_rank_programs, simulate
+from dpsim.sim.trace import Outcome
+from dpsim.targets import runtime
+
+
+def measure(
+    programs: Program | Sequence[Program],
+    ranks: int,
+    rounds: int,
+    *,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    chunks: int = 5,
+) -> dict[str, Any]:
+    """Time ``rounds`` simulated runs against ``rounds`` bare rounds.
+
+    Returns ``ranks``, ``rounds``, ``rounds_per_s`` (simulated),
+    ``bare_rounds_per_s``, ``overhead`` (see the module docstring) and the
+    per-rank-call times ``sim_us_per_rank_call`` / ``bare_us_per_rank_call``.
+    """
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
+    program_list = per_rank_programs(programs, ranks)
+    reference = simulate(program_list, ranks=ranks, groups=groups)
+    if reference.outcome is not Outcome.OK:
+        raise ValueError(
+            "measure() needs a program that completes; the reference run did not:\n"
+            + render_table(reference)
+        )
+    instant = InstantWorld(reference)
+
+    def bare_rounds(count: int) -> list[Any]:
+        returned: list[Any] = []
+        with runtime.installed(instant):
+            for _ in range(count):
+                instant.rewind()
+                returned = []
+                for rank, program in enumerate(program_list):
+                    instant.current = rank
+                    returned.append(program(rank))
+        return returned
+
+    # Honesty check: the baseline must make the calls the simulation made.
+    if bare_rounds(1) != reference.returns():
+        raise ValueError("the bare baseline returned other values than the simulation")
+    simulate(program_list, ranks=ranks, groups=groups)  # warm both paths alike
+
+    sizes = [
+        rounds // chunks + (1 if i < rounds % chunks else 0) for i in range(chunks)
+    ]
+    bare_seconds = sim_seconds = 0.0
+    for size in sizes:
+        if size == 0:
+            continue
+        started = time.perf_counter()
+        bare_rounds(size)
+        bare_seconds += time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(size):
+            simulate(program_list, ranks=ranks, groups=groups)
+        sim_seconds += time.perf_counter() - started
+    return {
+        "ranks": ranks,
+        "rounds": rounds,
+        "rounds_per_s": rounds / sim_seconds,
+        "bare_rounds_per_s": rounds / bare_seconds,
+        "overhead": sim_seconds / bare_seconds,
+        "sim_us_per_rank_call": sim_seconds / (rounds * ranks) * 1e6,
+        "bare_us_per_rank_call": bare_seconds / (rounds * ranks) * 1e6,
+    }

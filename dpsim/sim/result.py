@@ -1,0 +1,150 @@
+"""From the simulator's raw bookkeeping to a ``SimResult``: states, positions, outcome.
+
+Runs once, after no rank can run and before hung ranks are ended, so it reads
+exactly where each rank stopped. This is the only place the cheap tuples kept
+on the hot path become frozen records.
+"""
+
+from __future__ import annotations
+
+from dpsim.sim.collectives import Pending, SignatureTuple, SimCollectives
+from dpsim.sim.scheduler import Scheduler
+from dpsim.sim.trace import (
+    CollectiveRecord,
+    Event,
+    IncompleteCollective,
+    Outcome,
+    Peer,
+    RankState,
+    RankTrace,
+    Signature,
+    SimResult,
+    WaitInfo,
+)
+from dpsim.sim.world import SimWorld
+
+
+class _Signatures:
+    """Interns signatures: a run has few distinct ones and many records."""
+
+    def __init__(self) -> None:
+        self._made: dict[SignatureTuple, Signature] = {}
+
+    def __call__(self, raw: SignatureTuple) -> Signature:
+        made = self._made.get(raw)
+        if made is None:
+            kind, op, shape, dtype, src = raw
+            made = self._made[raw] = Signature(
+                kind, op, tuple(shape), None if dtype is None else str(dtype), src
+            )
+        return made
+
+
+def _wait_info(
+    pending: Pending, rank: int, is_async: bool, signature: _Signatures
+) -> WaitInfo:
+    group = pending.group
+    own = pending.signatures[group.position[rank]]
+    assert own is not None
+    missing = []
+    disagreeing = []
+    for position, member in enumerate(group.members):
+        entered_as = pending.signatures[position]
+        if entered_as is None:
+            missing.append(member)
+        elif entered_as != own:
+            disagreeing.append(Peer(member, signature(entered_as)))
+    return WaitInfo(
+        group=group.name,
+        seq=pending.seq,
+        signature=signature(own),
+        is_async=is_async,
+        missing=tuple(missing),
+        disagreeing=tuple(disagreeing),
+    )
+
+
+def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
+    found = []
+    for state in dist.groups.values():
+        for seq in sorted(state.pending):
+            pending = state.pending[seq]
+            entered = tuple(
+                member
+                for position, member in enumerate(state.members)
+                if pending.signatures[position] is not None
+            )
+            missing = tuple(m for m in state.members if m not in entered)
+            found.append(
+                IncompleteCollective(
+                    state.name, seq, entered, missing, pending.mismatched
+                )
+            )
+    return tuple(found)
+
+
+def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
+    dist = world.dist
+    signature = _Signatures()
+    make_record = CollectiveRecord.unchecked
+    traces = []
+    for rank, exit_record in enumerate(scheduler.exits):
+        waiting = None
+        if exit_record is None:
+            state, returned, error = RankState.WAITING, None, None
+            blocked = dist.waiting_on[rank]
+            if blocked is not None:
+                waiting = _wait_info(blocked[0], rank, blocked[1], signature)
+        else:
+            state, returned, error = exit_record
+        collectives = tuple(
+            [
+                make_record(
+                    pending.group.name,
+                    pending.seq,
+                    signature(raw_signature),
+                    pending.contribution(position),
+                    pending.result,
+                    is_async,
+                    pending.done,
+                )
+                for pending, position, raw_signature, is_async in dist.logs[rank]
+            ]
+        )
+        rank_events = world.events[rank]
+        events = (
+            tuple([Event(kind, after, payload) for kind, after, payload in rank_events])
+            if rank_events
+            else ()
+        )
+        traces.append(
+            RankTrace.unchecked(
+                rank,
+                state,
+                returned,
+                error,
+                waiting,
+                scheduler.steps[rank],
+                collectives,
+                events,
+            )
+        )
+    incomplete = _incomplete(dist)
+    states = {trace.state for trace in traces}
+    if RankState.RAISED in states:
+        outcome = Outcome.CRASH
+    elif RankState.BUDGET in states:
+        outcome = Outcome.BUDGET
+    elif any(item.mismatched for item in incomplete):
+        outcome = Outcome.MISMATCH
+    elif incomplete or RankState.WAITING in states:
+        outcome = Outcome.HANG
+    else:
+        outcome = Outcome.OK
+    return SimResult(
+        outcome=outcome,
+        ranks=tuple(traces),
+        choices=tuple(scheduler.choices),
+        groups=tuple((name, state.members) for name, state in dist.groups.items()),
+        incomplete=incomplete,
+    )

@@ -1,0 +1,69 @@
+"""``simulate()``: one run of N virtual ranks, from programs to a ``SimResult``.
+
+The only place the simulated world is installed, and only for the duration of
+the run: afterwards ``runtime.current()`` is whatever it was before, and
+nothing in torch was ever touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from dpsim.sim.choosers import LOWEST_FIRST, Chooser
+from dpsim.sim.result import build_result
+from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET, Program, Scheduler
+from dpsim.sim.trace import SimResult
+from dpsim.sim.world import SimWorld, resolve_groups
+from dpsim.targets import runtime
+
+
+def simulate(
+    programs: Program | Sequence[Program],
+    *,
+    ranks: int,
+    groups: Mapping[str, Sequence[int]] | None = None,
+    chooser: Chooser | None = None,
+    step_budget: int = DEFAULT_STEP_BUDGET,
+    skip_dp_coordination: Collection[int] = (),
+) -> SimResult:
+    """Run ``programs`` on ``ranks`` virtual ranks until none can run.
+
+    Args:
+        programs: one callable run on every rank, or one per rank; each is
+            called as ``program(rank)`` and its return value, which must be
+            JSON-friendly, goes into the rank's trace.
+        ranks: how many virtual ranks.
+        groups: extra process groups, or members for the default ones, as
+            name -> global ranks (see ``dpsim.sim`` for the default names).
+        chooser: who runs next when several ranks could; default lowest first.
+        step_budget: ticks plus collectives a rank may take before it is
+            stopped with a ``budget`` verdict.
+        skip_dp_coordination: ranks on which ``should_skip_dp_coordination()``
+            starts out True.
+    """
+    program_list = per_rank_programs(programs, ranks)
+    scheduler = Scheduler(program_list, chooser or LOWEST_FIRST, step_budget)
+    world = SimWorld(
+        scheduler,
+        resolve_groups(ranks, groups),
+        [rank in skip_dp_coordination for rank in range(ranks)],
+    )
+    with runtime.installed(world):
+        try:
+            scheduler.run()
+            return build_result(scheduler, world)
+        finally:
+            scheduler.close()
+
+
+def per_rank_programs(
+    programs: Program | Sequence[Program], ranks: int
+) -> list[Program]:
+    if callable(programs):
+        one: Callable[[int], Any] = programs
+        return [one] * ranks
+    program_list = list(programs)
+    if len(program_list) != ranks:
+        raise ValueError(f"got {len(program_list)} programs for {ranks} ranks")
+    return program_list

@@ -1,0 +1,313 @@
+"""What a simulated run leaves behind: per-rank traces and the run's verdict.
+
+Properties judge these records and nothing else, and counterexample files store
+them, so they hold only plain, deterministic data: no tensors, no rendered text,
+no addresses or wall-clock times. ``as_dict()`` / ``to_json()`` give the same
+bytes for the same run in any process. Building them is kept off the simulator's
+hot path: the simulator keeps cheap tuples while ranks run and converts once at
+the end.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _blank(cls: type[_T]) -> _T:
+    """An instance of a frozen dataclass whose fields the caller fills in.
+
+    A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; with one record per collective per rank, built
+    after every run, that was a visible share of a run's cost. The classes
+    using this have no ``__post_init__`` and no defaults, so filling
+    ``__dict__`` gives an equal object.
+    """
+    return object.__new__(cls)
+
+
+class Outcome(StrEnum):
+    """The run's verdict, one word; see :data:`OUTCOME_PRECEDENCE`."""
+
+    OK = "ok"
+    CRASH = "crash"
+    BUDGET = "budget"
+    MISMATCH = "mismatch"
+    HANG = "hang"
+
+
+#: When several things went wrong, the run's outcome is the first that applies.
+#: Rank-local faults come before joint ones because they are causes, and the
+#: joint ones are usually their consequences: a rank that raised or spun forever
+#: leaves its peers waiting, which would otherwise read as a hang. A mismatch
+#: names the disagreeing collective, so it beats a plain hang, which says only
+#: that something never completed. Every rank's own state is in the trace
+#: whatever the outcome.
+OUTCOME_PRECEDENCE: tuple[Outcome, ...] = (
+    Outcome.CRASH,  # some rank raised out of its program
+    Outcome.BUDGET,  # some rank exceeded its step budget and was stopped
+    Outcome.MISMATCH,  # members of one collective entered it with different signatures
+    Outcome.HANG,  # some collective never completed (a rank waits in it, or an async one was left unmatched)
+    Outcome.OK,  # every rank finished and every collective completed
+)
+
+
+class RankState(StrEnum):
+    """Where a rank stands when no rank can run any more."""
+
+    FINISHED = "finished"  # its program returned
+    RAISED = "raised"  # its program raised an exception
+    WAITING = (
+        "waiting"  # blocked in a collective (or a wait() on one) that never completed
+    )
+    BUDGET = "budget"  # stopped for exceeding its step budget
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What members of one collective must agree on for it to complete."""
+
+    kind: str  # all_reduce, all_gather, all_gather_into_tensor, broadcast, barrier
+    op: str | None  # reduce op name for all_reduce, else None
+    shape: tuple[int, ...]
+    dtype: str | None  # e.g. "torch.int32"; None for barrier
+    src: int | None  # global source rank for broadcast, else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "op": self.op,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "src": self.src,
+        }
+
+
+@dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective a rank entered, in the order it entered them.
+
+    ``contribution`` is the rank's input when it entered (for async ops, taken
+    at call time); ``result`` is what the collective wrote back into this rank's
+    tensor, or None if it never completed. Both are nested lists as
+    ``Tensor.tolist()`` gives them; the lists are shared between ranks and must
+    not be mutated.
+    """
+
+    group: str
+    seq: int  # this collective's number in its group, counted from 0
+    signature: Signature
+    contribution: Any
+    result: Any
+    is_async: bool
+    completed: bool
+
+    @classmethod
+    def unchecked(
+        cls,
+        group: str,
+        seq: int,
+        signature: Signature,
+        contribution: Any,
+        result: Any,
+        is_async: bool,
+        completed: bool,
+    ) -> CollectiveRecord:
+        """Same as the constructor, several times faster; see :func:`_blank`."""
+        record = _blank(cls)
+        fields = record.__dict__
+        fields["group"] = group
+        fields["seq"] = seq
+        fields["signature"] = signature
+        fields["contribution"] = contribution
+        fields["result"] = result
+        fields["is_async"] = is_async
+        fields["completed"] = completed
+        return record
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            **self.signature.as_dict(),
+            "contribution": self.contribution,
+            "result": self.result,
+            "async": self.is_async,
+            "completed": self.completed,
+        }
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the program recorded about itself with ``dpsim.sim.record``."""
+
+    kind: str
+    #: How many collectives this rank had entered before the event, so an event
+    #: can be placed between collective records.
+    after_collectives: int
+    payload: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "after_collectives": self.after_collectives,
+            "payload": self.payload,
+        }
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """An exception that escaped a rank's program, without memory addresses."""
+
+    type: str
+    message: str
+    where: str  # innermost frame, "file.py:LINE in function"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "message": self.message, "where": self.where}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Another member of the collective a rank is stuck in, and how it stands there."""
+
+    rank: int
+    #: The peer's signature when it entered with a different one than this
+    #: rank; None when it has not entered at all.
+    entered_as: Signature | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "entered_as": None
+            if self.entered_as is None
+            else self.entered_as.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class WaitInfo:
+    """The collective a rank is stuck in, and why it cannot complete."""
+
+    group: str
+    seq: int
+    signature: Signature  # as this rank entered it
+    is_async: bool  # stuck in wait() on an async op rather than in the call
+    missing: tuple[int, ...]  # members that never entered
+    disagreeing: tuple[Peer, ...]  # members that entered with another signature
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            **self.signature.as_dict(),
+            "async": self.is_async,
+            "missing": list(self.missing),
+            "disagreeing": [peer.as_dict() for peer in self.disagreeing],
+        }
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """Everything one virtual rank did, and where it ended."""
+
+    rank: int
+    state: RankState
+    returned: Any  # the program's return value (None unless FINISHED)
+    error: ErrorInfo | None  # set when RAISED
+    waiting: WaitInfo | None  # set when WAITING
+    steps: int  # ticks plus collectives entered, as counted against the budget
+    collectives: tuple[CollectiveRecord, ...]
+    events: tuple[Event, ...]
+
+    @classmethod
+    def unchecked(
+        cls,
+        rank: int,
+        state: RankState,
+        returned: Any,
+        error: ErrorInfo | None,
+        waiting: WaitInfo | None,
+        steps: int,
+        collectives: tuple[CollectiveRecord, ...],
+        events: tuple[Event, ...],
+    ) -> RankTrace:
+        """Same as the constructor, several times faster; see :func:`_blank`."""
+        trace = _blank(cls)
+        fields = trace.__dict__
+        fields["rank"] = rank
+        fields["state"] = state
+        fields["returned"] = returned
+        fields["error"] = error
+        fields["waiting"] = waiting
+        fields["steps"] = steps
+        fields["collectives"] = collectives
+        fields["events"] = events
+        return trace
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "state": self.state.value,
+            "returned": self.returned,
+            "error": None if self.error is None else self.error.as_dict(),
+            "waiting": None if self.waiting is None else self.waiting.as_dict(),
+            "steps": self.steps,
+            "collectives": [record.as_dict() for record in self.collectives],
+            "events": [event.as_dict() for event in self.events],
+        }
+
+
+@dataclass(frozen=True)
+class IncompleteCollective:
+    """A collective that some but not all members entered, or that they disagreed on."""
+
+    group: str
+    seq: int
+    entered: tuple[int, ...]
+    missing: tuple[int, ...]
+    mismatched: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "group": self.group,
+            "seq": self.seq,
+            "entered": list(self.entered),
+            "missing": list(self.missing),
+            "mismatched": self.mismatched,
+        }
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """A whole run: verdict, per-rank traces, and the choices that replay it."""
+
+    outcome: Outcome
+    ranks: tuple[RankTrace, ...]
+    #: The rank picked at every scheduling point that had more than one
+    #: runnable rank; feed to ``ReplayChooser`` to rerun this exact interleaving.
+    choices: tuple[int, ...]
+    groups: tuple[tuple[str, tuple[int, ...]], ...]  # name -> member global ranks
+    incomplete: tuple[IncompleteCollective, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome.value,
+            "ranks": [trace.as_dict() for trace in self.ranks],
+            "choices": list(self.choices),
+            "groups": {name: list(members) for name, members in self.groups},
+            "incomplete": [item.as_dict() for item in self.incomplete],
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(
+            self.as_dict(), sort_keys=True, indent=indent, separators=(",", ":")
+        )
+
+    def returns(self) -> list[Any]:
+        """Every rank's return value, in rank order."""
+        return [trace.returned for trace in self.ranks]
