@@ -1,0 +1,80 @@
+"""The invariants (names are part of dpsim's interface), and judging a run.
+
+Each property is defined, with what it asserts, why it matters and which
+upstream bug class it guards, in its own module. ``judge(case, result)``
+returns the verdicts of the properties asked for, in the order listed here:
+the ones that explain a failure best come first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dpsim.errors import UsageError
+from dpsim.scenarios.case import Case
+from dpsim.sim import SimResult
+
+from . import (
+    agreement,
+    coverage,
+    eager_contagion,
+    idle,
+    no_error,
+    no_hang,
+    padded_counts,
+    ubatch_split,
+)
+from .base import Evidence, Phase, Property, Verdict
+
+PROPERTIES: dict[str, Property] = {
+    module.PROPERTY.name: module.PROPERTY
+    for module in (
+        no_error,
+        no_hang,
+        agreement,
+        eager_contagion,
+        idle,
+        padded_counts,
+        coverage,
+        ubatch_split,
+    )
+}
+PROPERTY_NAMES = tuple(PROPERTIES)
+
+
+def select(names: Iterable[str] | None) -> tuple[Property, ...]:
+    """The properties named (all when None), refusing unknown names clearly."""
+    if not names:
+        return tuple(PROPERTIES.values())
+    chosen = []
+    for name in names:
+        if name not in PROPERTIES:
+            raise UsageError(
+                f"unknown property {name!r}; known: {', '.join(PROPERTY_NAMES)}"
+            )
+        chosen.append(PROPERTIES[name])
+    return tuple(chosen)
+
+
+def judge(
+    case: Case, result: SimResult, properties: Iterable[Property] | None = None
+) -> list[Verdict]:
+    evidence = Evidence(case, result)
+    verdicts = []
+    for prop in properties if properties is not None else PROPERTIES.values():
+        verdict = prop.check(evidence)
+        if verdict is not None:
+            verdicts.append(verdict)
+    return verdicts
+
+
+__all__ = [
+    "PROPERTIES",
+    "PROPERTY_NAMES",
+    "Evidence",
+    "Phase",
+    "Property",
+    "Verdict",
+    "judge",
+    "select",
+]

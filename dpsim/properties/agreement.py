@@ -1,0 +1,83 @@
+"""``agreement``: every rank comes out of a sync with the same agreement.
+
+Asserts, for every sync that all ranks completed: the agreement each rank got
+back (every ``DPSyncState`` field, or the token-count tensor of versions
+without one) is identical on all ranks; and unless the ranks agreed to run
+eager, they chose the same padded token count and the same number of
+microbatches.
+
+Why: callers branch on the agreement to decide which collectives to issue and
+with what shapes. Any per-rank value in it lets ranks take different branches,
+which in a DP+EP deployment is a hang or silent corruption of the MoE
+all-to-all. Guards: a per-rank value used where an agreed one was needed
+(vLLM 25906, 35294, vllm-ascend 1636); eager/graph disagreement (30173/30323).
+"""
+
+from __future__ import annotations
+
+from .base import Evidence, Property, Verdict, first_difference
+
+NAME = "agreement"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    for phase in evidence.complete_phases:
+        ranks = range(len(phase.records))
+        agreements = [phase.agreement(rank) for rank in ranks]
+        differs = first_difference(agreements)
+        if differs is not None:
+            first, other = differs
+            field = _first_field_differing(agreements[first], agreements[other])
+            return Verdict(
+                NAME,
+                phase.name,
+                differs,
+                f"rank {first} and rank {other} got different agreements "
+                f"({field}: {_field(agreements[first], field)} vs "
+                f"{_field(agreements[other], field)})",
+            )
+        agreed = agreements[0]
+        descriptors = [phase.descriptor(rank) for rank in ranks]
+        eager = (
+            agreed["eager"]
+            if agreed is not None and agreed["eager"] is not None
+            else all(descriptor["cg_mode"] == "NONE" for descriptor in descriptors)
+        )
+        if eager:
+            continue
+        for key, label in (
+            ("num_tokens", "padded token count"),
+            ("num_ubatches", "microbatch count"),
+        ):
+            differs = first_difference([descriptor[key] for descriptor in descriptors])
+            if differs is not None:
+                first, other = differs
+                return Verdict(
+                    NAME,
+                    phase.name,
+                    differs,
+                    f"ranks chose different {label}s: rank {first} "
+                    f"{descriptors[first][key]}, rank {other} {descriptors[other][key]}",
+                )
+    return None
+
+
+def _first_field_differing(left: dict | None, right: dict | None) -> str:
+    if left is None or right is None:
+        return "agreement"
+    return next(key for key in left if left[key] != right.get(key))
+
+
+def _field(agreement: dict | None, field: str) -> object:
+    if agreement is None:
+        return None
+    return agreement.get(field, agreement)
+
+
+PROPERTY = Property(
+    NAME,
+    "every rank returns the same agreement and, unless eager, the same padded "
+    "token count and microbatch count",
+    "per-rank value where an agreed one was needed (25906, 35294, ascend 1636)",
+    judge,
+)

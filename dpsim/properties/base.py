@@ -1,0 +1,126 @@
+"""How properties judge a run: the evidence they read and the verdicts they give.
+
+A property is a pure function of a case and the simulator's result. It reads
+the ``sync`` events each rank recorded (grouped into :class:`Phase` objects:
+one sync call made by every rank) and the simulator's outcome; it simulates
+nothing itself. Each property lives in its own module, whose docstring says
+what it asserts, why it matters and which upstream bug class it guards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from dpsim.scenarios.case import Case
+from dpsim.scenarios.ranks import SYNC_EVENT
+from dpsim.sim import SimResult
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A property that failed: where, on which ranks, and why (one line)."""
+
+    property: str
+    phase: str | None
+    ranks: tuple[int, ...]
+    message: str
+
+    def __str__(self) -> str:
+        where = f" at {self.phase}" if self.phase else ""
+        return f"{self.property}{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "property": self.property,
+            "phase": self.phase,
+            "ranks": list(self.ranks),
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One sync call as every rank made it (``None`` where a rank never got there)."""
+
+    name: str
+    records: tuple[dict[str, Any] | None, ...]
+
+    @property
+    def complete(self) -> bool:
+        """Every rank made this call and it returned."""
+        return all(
+            record is not None and "descriptor" in record for record in self.records
+        )
+
+    def inputs(self, rank: int) -> dict[str, Any]:
+        record = self.records[rank]
+        assert record is not None
+        return record["inputs"]
+
+    def descriptor(self, rank: int) -> dict[str, Any]:
+        record = self.records[rank]
+        assert record is not None
+        return record["descriptor"]
+
+    def agreement(self, rank: int) -> dict[str, Any] | None:
+        record = self.records[rank]
+        assert record is not None
+        return record["agreement"]
+
+    @property
+    def any_work(self) -> bool:
+        return any(
+            record is not None and record["inputs"]["num_tokens"] > 0
+            for record in self.records
+        )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a property may look at."""
+
+    case: Case
+    result: SimResult
+
+    @cached_property
+    def phases(self) -> tuple[Phase, ...]:
+        ranks = len(self.result.ranks)
+        by_name: dict[str, list[dict[str, Any] | None]] = {}
+        for trace in self.result.ranks:
+            for event in trace.events:
+                if event.kind != SYNC_EVENT:
+                    continue
+                slots = by_name.setdefault(event.payload["phase"], [None] * ranks)
+                slots[trace.rank] = event.payload
+        return tuple(Phase(name, tuple(records)) for name, records in by_name.items())
+
+    @property
+    def complete_phases(self) -> tuple[Phase, ...]:
+        return tuple(phase for phase in self.phases if phase.complete)
+
+
+Judge = Callable[[Evidence], "Verdict | None"]
+
+
+@dataclass(frozen=True)
+class Property:
+    """A named invariant: ``judge`` returns a verdict when it does not hold."""
+
+    name: str
+    summary: str
+    guards: str
+    judge: Judge
+
+    def check(self, evidence: Evidence) -> Verdict | None:
+        return self.judge(evidence)
+
+
+def first_difference(values: list[Any]) -> tuple[int, int] | None:
+    """The first rank whose value differs from rank 0's, as (0, rank)."""
+    for rank, value in enumerate(values):
+        if value != values[0]:
+            return 0, rank
+    return None

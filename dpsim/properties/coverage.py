@@ -1,0 +1,76 @@
+"""``coverage``: the descriptor a rank runs can serve that rank's own batch.
+
+Asserts, for every rank of every completed sync: the descriptor holds at least
+the rank's tokens; if it pads requests, at least the rank's requests; if it is
+a uniform-decode graph, the rank's batch is a uniform decode of that length;
+if it bounds the query length, the rank's batch declares a bound no larger;
+and a graph's LoRA case holds at least the rank's active LoRAs.
+
+Why: an agreed shape that is too small for one rank's real batch makes that
+rank's graph replay read or write past its inputs: crashes such as reshape
+errors, or silently wrong results. Guards: an agreed value used where the
+rank's own was needed (26375, 55458/56181); request padding taken from the
+wrong rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Evidence, Property, Verdict
+
+NAME = "coverage"
+
+
+def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
+    """Why ``descriptor`` cannot serve ``batch``, or None when it can."""
+    if descriptor["num_tokens"] < batch["num_tokens"]:
+        return f"{descriptor['num_tokens']} tokens < the batch's {batch['num_tokens']}"
+    if (
+        descriptor["num_reqs"] is not None
+        and descriptor["num_reqs"] < batch["num_reqs"]
+    ):
+        return f"{descriptor['num_reqs']} requests < the batch's {batch['num_reqs']}"
+    if descriptor["cg_mode"] == "NONE":
+        return None
+    uniform = descriptor["uniform_token_count"]
+    if uniform is not None and uniform != batch["uniform_token_count"]:
+        return (
+            f"a uniform-decode graph of length {uniform} for a batch whose "
+            f"uniform length is {batch['uniform_token_count']}"
+        )
+    bound = descriptor["max_query_len"]
+    if bound is not None and (
+        batch["max_query_len"] is None or batch["max_query_len"] > bound
+    ):
+        return f"query length bound {bound} < the batch's {batch['max_query_len']}"
+    if descriptor["num_active_loras"] < batch["num_active_loras"]:
+        return (
+            f"a graph for {descriptor['num_active_loras']} LoRAs with "
+            f"{batch['num_active_loras']} active"
+        )
+    return None
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    for phase in evidence.complete_phases:
+        for rank in range(len(phase.records)):
+            reason = shortfall(phase.inputs(rank), phase.descriptor(rank))
+            if reason is not None:
+                descriptor = phase.descriptor(rank)
+                return Verdict(
+                    NAME,
+                    phase.name,
+                    (rank,),
+                    f"rank {rank} runs {descriptor['cg_mode']} {descriptor['num_tokens']}: {reason}",
+                )
+    return None
+
+
+PROPERTY = Property(
+    NAME,
+    "the descriptor can serve the rank's own batch (tokens, requests, uniform "
+    "length, query-length bound, LoRA case)",
+    "agreed value used where the rank's own was needed (26375, 55458)",
+    judge,
+)

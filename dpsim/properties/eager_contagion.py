@@ -1,0 +1,47 @@
+"""``eager-contagion``: one rank eager means every rank eager.
+
+Asserts, for every completed sync in which some rank has work: if any rank
+runs eager (``CUDAGraphMode.NONE``) or asked for eager (``need_eager``), every
+rank runs eager.
+
+Why: a rank running eager issues its MoE collectives with its own, unpadded
+count while graph ranks replay a fixed padded shape: a hang, or on some
+backends a ``num_tokens == num_tokens_padded`` assertion. Guards: eager on
+some ranks and a graph on others (30173/30323, 34102).
+"""
+
+from __future__ import annotations
+
+from .base import Evidence, Property, Verdict
+
+NAME = "eager-contagion"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    for phase in evidence.complete_phases:
+        if not phase.any_work:
+            continue
+        ranks = range(len(phase.records))
+        eager = [phase.descriptor(rank)["cg_mode"] == "NONE" for rank in ranks]
+        asked = [phase.inputs(rank)["need_eager"] for rank in ranks]
+        if all(eager) or not (any(eager) or any(asked)):
+            continue
+        graph_ranks = tuple(rank for rank in ranks if not eager[rank])
+        cause = next(rank for rank in ranks if eager[rank] or asked[rank])
+        why = "asked for eager" if asked[cause] else "runs eager"
+        mode = phase.descriptor(graph_ranks[0])["cg_mode"]
+        return Verdict(
+            NAME,
+            phase.name,
+            (cause, *graph_ranks),
+            f"rank {cause} {why} but rank {graph_ranks[0]} replays a {mode} graph",
+        )
+    return None
+
+
+PROPERTY = Property(
+    NAME,
+    "one rank eager means all eager",
+    "eager on some ranks, a graph on others (30173, 30323)",
+    judge,
+)

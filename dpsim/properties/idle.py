@@ -1,0 +1,60 @@
+"""``idle``: no rank with work means no agreement and no graph; any work means one.
+
+Asserts, for every completed sync: when no rank has tokens, every rank gets an
+eager descriptor with 0 tokens and no agreement, so the caller skips the
+forward pass on all ranks alike; when some rank has tokens (and there is more
+than one rank), every rank gets an agreement to run the forward with.
+
+Why: an all-idle step must be skipped by every rank together (one rank running
+a forward alone waits forever in its first MoE collective), and a busy step
+must give idle ranks what they need to run their dummy batch in lockstep.
+Guards: idle ranks and dummy runs (25906, 28774, vllm-ascend 2454).
+"""
+
+from __future__ import annotations
+
+from .base import Evidence, Property, Verdict
+
+NAME = "idle"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    dp_size = evidence.case.dp_size
+    for phase in evidence.complete_phases:
+        ranks = range(len(phase.records))
+        if not phase.any_work:
+            for rank in ranks:
+                descriptor = phase.descriptor(rank)
+                if descriptor["cg_mode"] != "NONE" or descriptor["num_tokens"] != 0:
+                    return Verdict(
+                        NAME,
+                        phase.name,
+                        (rank,),
+                        f"no rank has work, yet rank {rank} runs "
+                        f"{descriptor['cg_mode']} with {descriptor['num_tokens']} tokens",
+                    )
+                if phase.agreement(rank) is not None:
+                    return Verdict(
+                        NAME,
+                        phase.name,
+                        (rank,),
+                        f"no rank has work, yet rank {rank} got an agreement to run",
+                    )
+        elif dp_size > 1:
+            for rank in ranks:
+                if phase.agreement(rank) is None:
+                    return Verdict(
+                        NAME,
+                        phase.name,
+                        (rank,),
+                        f"some rank has work, yet rank {rank} got no agreement",
+                    )
+    return None
+
+
+PROPERTY = Property(
+    NAME,
+    "no rank with work means no sync result and no graph",
+    "idle ranks and dummy runs (25906, 28774)",
+    judge,
+)

@@ -1,0 +1,55 @@
+"""``no-hang``: every rank issues the same collectives, in the same order, and none waits.
+
+Asserts that the simulated run ended with every collective complete: the sync's
+own all-reduce and the collectives each rank's forward pass issued with the
+shape it chose. The simulator decides this exactly (no timeouts): a
+collective whose members disagree on op, shape or dtype is a mismatch; one
+some rank never enters is a hang; a rank that spins forever exceeds its step
+budget. A rank that *raised* is ``no-error``'s to report.
+
+Why: this is the production failure itself: NCCL/gloo deadlocks, size
+mismatches, hours of hung GPUs. Guards: a collective skipped or issued a
+different number of times on some ranks (18724, 26086, 27691, 28774, 40589,
+vllm-ascend 2454); an extra collective or a different tensor shape
+(56281, vllm-ascend 9689).
+"""
+
+from __future__ import annotations
+
+from dpsim.sim import Outcome, RankState
+
+from .base import Evidence, Property, Verdict
+
+NAME = "no-hang"
+_FAILING = {
+    Outcome.HANG: "hang",
+    Outcome.MISMATCH: "mismatch",
+    Outcome.BUDGET: "budget",
+}
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    result = evidence.result
+    if any(trace.state == RankState.RAISED for trace in result.ranks):
+        return None
+    if result.outcome not in _FAILING:
+        return None
+    stuck = tuple(
+        trace.rank for trace in result.ranks if trace.state != RankState.FINISHED
+    )
+    finished = len(result.ranks) - len(stuck)
+    return Verdict(
+        NAME,
+        None,
+        stuck,
+        f"{_FAILING[result.outcome]}: {finished} of {len(result.ranks)} ranks "
+        f"finished; stuck: {', '.join(map(str, stuck))}",
+    )
+
+
+PROPERTY = Property(
+    NAME,
+    "every rank issues the same collectives in the same order, and none is left waiting",
+    "collectives skipped, repeated or reshaped on some ranks (18724, 26086, 28774, 40589)",
+    judge,
+)

@@ -1,0 +1,117 @@
+"""A case: everything one simulated run needs, as plain frozen data.
+
+A case names its scenario and generator profile, the capture policy, and what
+every rank passes to every sync it makes. It holds no target: the same case
+runs against any version (that is how a fix is verified), and counterexample
+files carry the target separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from dpsim.capture.policy import CapturePolicy
+from dpsim.errors import UsageError
+from dpsim.targets.adapters import SyncInputs
+
+#: Generator profiles: what real callers pass, or all the contract allows.
+PROFILES = ("caller", "contract")
+#: How a rank's batch came about; for people reading a counterexample.
+BATCH_KINDS = ("decode", "mixed", "prefill", "dummy", "idle", "profile", "batch")
+
+
+@dataclass(frozen=True)
+class RankBatch:
+    """What one rank passes to one sync (see :class:`SyncInputs`), and why."""
+
+    num_reqs: int
+    num_tokens: int
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    need_eager: bool = False
+    num_active_loras: int = 0
+    allow_ubatching: bool = False
+    uniform_decode: bool = False
+    allow_skip_drafts: bool = False
+    kind: str = "batch"
+
+    @property
+    def has_work(self) -> bool:
+        return self.num_tokens > 0
+
+    def inputs(self) -> SyncInputs:
+        return SyncInputs(
+            num_reqs=self.num_reqs,
+            num_tokens=self.num_tokens,
+            uniform_token_count=self.uniform_token_count,
+            max_query_len=self.max_query_len,
+            need_eager=self.need_eager,
+            num_active_loras=self.num_active_loras,
+            allow_ubatching=self.allow_ubatching,
+            uniform_decode=self.uniform_decode,
+            allow_skip_drafts=self.allow_skip_drafts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in _BATCH_FIELDS}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankBatch:
+        unknown = set(data) - _BATCH_FIELD_NAMES
+        if unknown:
+            raise UsageError(
+                f"rank batch has unknown keys: {', '.join(sorted(unknown))}"
+            )
+        return cls(**data)
+
+
+_BATCH_FIELDS = fields(RankBatch)
+_BATCH_FIELD_NAMES = frozenset(field.name for field in _BATCH_FIELDS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run: ``steps[s][r]`` is what rank ``r`` passes at step ``s``."""
+
+    scenario: str
+    profile: str
+    policy: CapturePolicy
+    steps: tuple[tuple[RankBatch, ...], ...]
+    #: Speculative tokens per step (drafter scenario); the drafter runs
+    #: ``num_speculative_steps - 1`` decode syncs of its own after its prefill.
+    num_speculative_steps: int = 0
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.steps[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "profile": self.profile,
+            "dp_size": self.dp_size,
+            "num_speculative_steps": self.num_speculative_steps,
+            "policy": self.policy.to_dict(),
+            "steps": [[batch.to_dict() for batch in step] for step in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Case:
+        try:
+            steps = tuple(
+                tuple(RankBatch.from_dict(batch) for batch in step)
+                for step in data["steps"]
+            )
+            case = cls(
+                scenario=str(data["scenario"]),
+                profile=str(data["profile"]),
+                policy=CapturePolicy.from_dict(data["policy"]),
+                steps=steps,
+                num_speculative_steps=int(data.get("num_speculative_steps", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise UsageError(f"malformed case: {error}") from error
+        if not case.steps or len({len(step) for step in case.steps}) != 1:
+            raise UsageError("malformed case: every step needs one batch per rank")
+        return case

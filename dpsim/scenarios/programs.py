@@ -1,0 +1,97 @@
+"""The per-rank programs of each scenario (names are part of dpsim's interface).
+
+``step``     one or more syncs, each rank with its own batch against one table.
+``drafter``  a target sync, then the drafter's prefill dispatch reusing that
+             agreement with the drafter's own table (a fresh sync on versions
+             that cannot reuse), then the drafter's decode syncs, as vLLM's
+             autoregressive speculators run them; skipped together when the
+             ranks agreed to skip drafts.
+``profile``  the profile run: every rank eager with no capture manager.
+``ubatch``   steps with microbatching votes, for versions that microbatch.
+
+Each scenario differs from ``step`` mostly in what the generators feed it
+(:mod:`dpsim.scenarios.generate`); the programs differ only where vLLM's
+callers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from .case import Case, RankBatch
+from .ranks import RankSetting, forward, sync
+
+RankProgram = Callable[[RankSetting, Case, int], Any]
+
+
+def _stepping(label: str, *, with_manager: bool) -> RankProgram:
+    """Steps of one sync each; the profile run syncs with no manager at all."""
+
+    def program(setting: RankSetting, case: Case, rank: int) -> None:
+        manager = setting.manager if with_manager else None
+        for index, step in enumerate(case.steps):
+            descriptor, _ = sync(setting, rank, f"{label} {index}", manager, step[rank])
+            forward(descriptor)
+
+    return program
+
+
+step_program = _stepping("step", with_manager=True)
+profile_program = _stepping("profile", with_manager=False)
+ubatch_program = _stepping("ubatch", with_manager=True)
+
+
+def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
+    reuse = setting.target.api.has("reuse")
+    for index, step in enumerate(case.steps):
+        batch = step[rank]
+        descriptor, agreement = sync(
+            setting, rank, f"step {index}", setting.manager, batch
+        )
+        forward(descriptor)
+        if descriptor.num_tokens == 0 or getattr(agreement, "skip_drafts", False):
+            continue
+        # The drafter's prefill runs the target's padded batch shape.
+        prefill = RankBatch(
+            num_reqs=batch.num_reqs,
+            num_tokens=descriptor.num_tokens,
+            uniform_token_count=batch.uniform_token_count,
+            need_eager=batch.need_eager and batch.kind == "profile",
+            kind=batch.kind,
+        )
+        prefill_descriptor, _ = sync(
+            setting,
+            rank,
+            f"drafter prefill {index}",
+            setting.drafter_prefill_manager,
+            prefill,
+            reuse=agreement if reuse else None,
+        )
+        forward(prefill_descriptor)
+        # One token per request per further draft step.
+        decode = replace(
+            prefill,
+            num_tokens=batch.num_reqs,
+            uniform_token_count=1,
+            max_query_len=None,
+        )
+        for draft in range(1, case.num_speculative_steps):
+            decode_descriptor, _ = sync(
+                setting,
+                rank,
+                f"drafter decode {index}.{draft}",
+                setting.drafter_decode_manager,
+                decode,
+            )
+            forward(decode_descriptor)
+
+
+PROGRAMS: dict[str, RankProgram] = {
+    "step": step_program,
+    "drafter": drafter_program,
+    "profile": profile_program,
+    "ubatch": ubatch_program,
+}
+SCENARIOS = tuple(PROGRAMS)

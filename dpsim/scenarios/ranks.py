@@ -1,0 +1,120 @@
+"""What one virtual rank does in a scenario: syncs, then the forward pass.
+
+Every sync a rank makes is recorded as a ``sync`` event (phase, inputs,
+descriptor, agreement) so properties can judge it afterwards; nothing here
+judges. After each sync the rank issues the collectives its forward pass would
+issue with the chosen shape (:func:`forward`), so ranks that chose differently
+diverge in the simulator the way they would on GPUs: a mismatch or a hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpsim.sim import EP_GROUP, current_world, record
+from dpsim.targets.adapters import Agreement, Descriptor, agreement_of, describe
+from dpsim.targets.load import Target
+
+from .case import RankBatch
+
+SYNC_EVENT = "sync"
+_FORWARD_DTYPE = torch.int8
+
+
+@dataclass(frozen=True)
+class RankSetting:
+    """What a rank's program needs besides its batches, shared by all ranks.
+
+    One manager per table serves every rank: ``dispatch`` only reads it, and
+    every rank of a deployment builds the same table from the same config.
+    """
+
+    target: Target
+    dp_size: int
+    manager: Any
+    drafter_prefill_manager: Any
+    drafter_decode_manager: Any
+    parallel_config: Any
+
+
+def sync(
+    setting: RankSetting,
+    rank: int,
+    phase: str,
+    manager: Any,
+    batch: RankBatch,
+    *,
+    reuse: Any = None,
+) -> tuple[Descriptor, Any]:
+    """One call into the target, recorded; returns (descriptor, native agreement)."""
+    payload: dict[str, Any] = {"phase": phase, "inputs": batch.to_dict()}
+    try:
+        native_descriptor, native_agreement = setting.target.api.call(
+            manager,
+            batch.inputs(),
+            setting.dp_size,
+            rank,
+            parallel_config=setting.parallel_config,
+            reuse=reuse,
+        )
+    except Exception as error:
+        payload["error"] = f"{type(error).__name__}: {error}"
+        record(SYNC_EVENT, **payload)
+        raise
+    descriptor = describe(native_descriptor)
+    payload["descriptor"] = descriptor_dict(descriptor)
+    payload["agreement"] = agreement_dict(agreement_of(native_agreement))
+    record(SYNC_EVENT, **payload)
+    return descriptor, native_agreement
+
+
+def forward(descriptor: Descriptor) -> None:
+    """The collectives a forward pass with ``descriptor`` issues on the EP group.
+
+    A replayed graph has a fixed shape, so every rank's MoE dispatch moves the
+    padded per-microbatch count; eager ranks exchange their real counts
+    instead. A descriptor with no tokens means vLLM skips the forward.
+    """
+    if descriptor.num_tokens == 0:
+        return
+    world = current_world()
+    group = world.group(EP_GROUP)
+    dist = world.dist
+    microbatches = max(descriptor.num_ubatches, 1)
+    if descriptor.cg_mode == "NONE":
+        count = torch.tensor([descriptor.num_tokens], dtype=torch.int32)
+        gathered = torch.empty(group.size(), dtype=torch.int32)
+        for _ in range(microbatches):
+            dist.all_gather_into_tensor(gathered, count, group=group)
+        return
+    per_microbatch = -(-descriptor.num_tokens // microbatches)
+    activations = torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
+    for _ in range(microbatches):
+        dist.all_reduce(activations, group=group)
+
+
+def descriptor_dict(descriptor: Descriptor) -> dict[str, Any]:
+    return {
+        "cg_mode": descriptor.cg_mode,
+        "num_tokens": descriptor.num_tokens,
+        "num_reqs": descriptor.num_reqs,
+        "uniform_token_count": descriptor.uniform_token_count,
+        "max_query_len": descriptor.max_query_len,
+        "num_active_loras": descriptor.num_active_loras,
+        "num_ubatches": descriptor.num_ubatches,
+    }
+
+
+def agreement_dict(agreement: Agreement | None) -> dict[str, Any] | None:
+    if agreement is None:
+        return None
+    return {
+        "num_tokens_across_dp": list(agreement.num_tokens_across_dp),
+        "uniform_token_count": agreement.uniform_token_count,
+        "eager": agreement.eager,
+        "num_reqs": agreement.num_reqs,
+        "skip_drafts": agreement.skip_drafts,
+    }
