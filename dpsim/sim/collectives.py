@@ -77,6 +77,15 @@ class SimProcessGroup:
         return f"<dpsim group {self.name!r} ranks={list(self.ranks)}>"
 
 
+@functools.lru_cache(maxsize=1024)
+def _positions(members: tuple[int, ...], world_size: int) -> tuple[int, ...]:
+    # The same layouts recur run after run; building one is O(world size).
+    position = [-1] * world_size
+    for index, rank in enumerate(members):
+        position[rank] = index
+    return tuple(position)
+
+
 class GroupState:
     """One group's members and its collectives in flight."""
 
@@ -87,11 +96,9 @@ class GroupState:
         self.members: tuple[int, ...] = tuple(members)
         self.size = len(self.members)
         self.scheduler = scheduler
-        #: global rank -> position in the group, -1 for non-members (a list: it is
-        #: read on every collective and a list index beats a dict lookup)
-        self.position = [-1] * world_size
-        for position, rank in enumerate(self.members):
-            self.position[rank] = position
+        #: global rank -> position in the group, -1 for non-members (indexed on
+        #: every collective: a sequence index beats a dict lookup)
+        self.position = _positions(self.members, world_size)
         #: per member position: the seq its next collective will get
         self.next_seq = [0] * self.size
         #: collectives some member entered that have not completed, by seq

@@ -9,6 +9,7 @@ installed world, so no global beyond ``runtime.current()`` is involved.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -37,6 +38,19 @@ def resolve_groups(
     ranks: int, groups: Mapping[str, Sequence[int]] | None
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """The default groups (all spanning every rank), overridden or extended by ``groups``."""
+    if not groups:
+        return _default_groups(ranks)
+    return _resolve_groups(ranks, groups)
+
+
+@functools.lru_cache(maxsize=64)
+def _default_groups(ranks: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return _resolve_groups(ranks, None)
+
+
+def _resolve_groups(
+    ranks: int, groups: Mapping[str, Sequence[int]] | None
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
     if ranks < 1:
         raise ValueError(f"need at least one rank, got {ranks}")
     declared: dict[str, tuple[int, ...]] = {
