@@ -43,6 +43,8 @@ class Target:
     #: The vLLM version of the base, when known.
     version: str | None
     files: tuple[LoadedFile, ...]
+    #: The directory playing ``vllm/`` (cache entry, tree or package).
+    package_dir: Path
     dp_utils: ModuleType = field(repr=False)
     cudagraph_utils: ModuleType = field(repr=False)
     compilation: ModuleType = field(repr=False)
@@ -75,6 +77,13 @@ class Target:
             config,
             self.compilation.__dict__.get("CompilationConfig"),
         )
+
+    def source_text(self, relative: str) -> str | None:
+        """A file of the base vLLM (e.g. its model runner), read not executed."""
+        try:
+            return (self.package_dir / relative).read_text()
+        except OSError:
+            return None
 
     def parallel_config(
         self, dp_size: int, dp_rank: int, microbatching: Microbatching | None
@@ -144,6 +153,7 @@ def _load(spec: TargetSpec) -> Target:
         spec=spec,
         version=version,
         files=tuple(loader.loaded),
+        package_dir=package_dir,
         dp_utils=dp_utils,
         cudagraph_utils=cudagraph_utils,
         compilation=compilation,

@@ -1,0 +1,141 @@
+"""Counterexamples as people read them: one row per rank, per phase.
+
+Rendering is kept apart from the data it renders: findings and traces hold
+plain values, and only this module turns them into text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dpsim.capture.policy import CapturePolicy
+from dpsim.properties.base import Evidence, Phase
+from dpsim.scenarios.case import Case
+from dpsim.sim import render_table
+
+
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [
+        max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)
+    ]
+    lines = [
+        " | ".join(
+            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+        ).rstrip()
+        for line in (header, *rows)
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def describe_policy(policy: CapturePolicy) -> str:
+    sizes = list(policy.capture_sizes)
+    shown = sizes if len(sizes) <= 12 else [*sizes[:5], "...", *sizes[-3:]]
+    parts = [
+        f"{policy.cudagraph_mode} sizes {shown}",
+        f"max_num_seqs {policy.max_num_seqs}",
+        f"decode_query_len {policy.decode_query_len}",
+    ]
+    if policy.lora_capture_cases:
+        parts.append(f"lora cases {list(policy.lora_capture_cases)}")
+    if policy.varlen_decode:
+        parts.append("varlen decode")
+    if policy.max_capture_size is not None:
+        parts.append(f"max capture {policy.max_capture_size}")
+    if policy.microbatching is not None:
+        micro = policy.microbatching
+        parts.append(
+            f"microbatching {micro.num_ubatches}x (decode >= {micro.decode_token_threshold}, "
+            f"prefill >= {micro.prefill_token_threshold})"
+        )
+    if policy.drafter is not None:
+        parts.append(f"drafter [{describe_policy(policy.drafter)}]")
+    return ", ".join(parts)
+
+
+def _inputs_cell(inputs: dict[str, Any]) -> str:
+    text = f"{inputs['kind']} {inputs['num_reqs']}r/{inputs['num_tokens']}t"
+    if inputs["uniform_token_count"] is not None:
+        text += f" u={inputs['uniform_token_count']}"
+    if inputs["max_query_len"] is not None:
+        text += f" q<={inputs['max_query_len']}"
+    flags = [
+        name
+        for name, key in (
+            ("eager!", "need_eager"),
+            ("ub", "allow_ubatching"),
+            ("skip", "allow_skip_drafts"),
+        )
+        if inputs[key]
+    ]
+    if inputs["num_active_loras"]:
+        flags.append(f"lora={inputs['num_active_loras']}")
+    return " ".join([text, *flags])
+
+
+def _descriptor_cell(descriptor: dict[str, Any]) -> str:
+    text = f"{descriptor['cg_mode']} {descriptor['num_tokens']}t"
+    if descriptor["num_reqs"] is not None:
+        text += f"/{descriptor['num_reqs']}r"
+    if descriptor["uniform_token_count"] is not None:
+        text += f" u={descriptor['uniform_token_count']}"
+    if descriptor["max_query_len"] is not None:
+        text += f" q<={descriptor['max_query_len']}"
+    if descriptor["num_ubatches"] > 1:
+        text += f" x{descriptor['num_ubatches']}"
+    return text
+
+
+def _agreement_cell(agreement: dict[str, Any] | None) -> str:
+    if agreement is None:
+        return "none"
+    text = f"{agreement['num_tokens_across_dp']}"
+    extras = [
+        f"{key}={agreement[key]}"
+        for key in ("eager", "uniform_token_count", "num_reqs", "skip_drafts")
+        if agreement[key] is not None
+    ]
+    return " ".join([text, *extras])
+
+
+def phase_table(phase: Phase) -> str:
+    rows = []
+    for rank, record in enumerate(phase.records):
+        if record is None:
+            rows.append((str(rank), "(never got here)", "", ""))
+            continue
+        outcome = (
+            f"raised {record['error']}"
+            if "error" in record
+            else _descriptor_cell(record["descriptor"])
+        )
+        agreement = "" if "error" in record else _agreement_cell(record["agreement"])
+        rows.append((str(rank), _inputs_cell(record["inputs"]), outcome, agreement))
+    return table(("rank", "passed in", "chose", "agreed"), rows)
+
+
+def render_case_run(title: str, case: Case, evidence: Evidence) -> str:
+    lines = [
+        title,
+        f"  scenario {case.scenario}, profile {case.profile}, {case.dp_size} ranks, "
+        f"{len(case.steps)} step(s)"
+        + (
+            f", {case.num_speculative_steps} speculative tokens"
+            if case.num_speculative_steps
+            else ""
+        ),
+        f"  policy: {describe_policy(case.policy)}",
+        "",
+    ]
+    for phase in evidence.phases:
+        lines.append(f"{phase.name}:")
+        lines.append(_indent(phase_table(phase)))
+        lines.append("")
+    lines.append("where each rank stands:")
+    lines.append(_indent(render_table(evidence.result)))
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())

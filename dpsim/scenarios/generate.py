@@ -1,0 +1,314 @@
+"""Hypothesis strategies for cases, in two profiles.
+
+``caller``   what vLLM's own model runner passes: batches built from requests
+             (decodes of ``decode_query_len`` tokens, prefills, mixes), idle
+             ranks running the dummy batch vLLM gives them, the uniform count
+             from the version's own helper where dpsim loads it, and the
+             query-length bound dropped for prefills where that version's
+             model runner drops it.
+``contract`` everything the function's documented contract allows: 0-token
+             ranks, any consistent uniform count, any query-length bound,
+             need_eager / microbatching / skip-draft votes on any subset.
+
+Token counts aim at the edges of the capture table (0, 1, each capture size
+and one either side, above the largest), where padding decisions flip.
+Strategies shrink towards the smallest case: 2 ranks, one step, decodes of
+one request, the simplest policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hypothesis import strategies as st
+
+from dpsim.capture import strategies as policy_strategies
+from dpsim.capture.policy import Capabilities, CapturePolicy
+from dpsim.errors import UsageError
+from dpsim.targets import Microbatching
+from dpsim.targets.load import Target
+
+from .case import PROFILES, Case, RankBatch
+from .programs import SCENARIOS
+
+DEFAULT_RANKS = (2, 16)
+
+
+@dataclass(frozen=True)
+class CallerModel:
+    """How one version's model runner turns a batch into sync inputs."""
+
+    features: frozenset[str]
+    #: The version's own ``get_uniform_token_count(num_reqs, num_tokens,
+    #: max_query_len)``, when its cudagraph_utils defines it (0.18-0.27).
+    uniform_helper: Callable[[int, int, int], Any] | None
+    #: 0.33's model runner passes ``max_query_len=None`` for batches with a prefill.
+    drops_query_bound_on_prefill: bool
+
+    @classmethod
+    def of(cls, target: Target) -> CallerModel:
+        runner = target.source_text("v1/worker/gpu/model_runner.py") or ""
+        helper = target.cudagraph_utils.__dict__.get("get_uniform_token_count")
+        return cls(
+            features=frozenset(target.api.features),
+            uniform_helper=helper if callable(helper) else None,
+            drops_query_bound_on_prefill="max_query_len = None" in runner,
+        )
+
+    def uniform(self, lengths: list[int], has_prefill: bool) -> int | None:
+        if self.uniform_helper is not None:
+            value = self.uniform_helper(len(lengths), sum(lengths), max(lengths))
+            return None if value is None else int(value)
+        # 0.28+: get_uniform_decode_token_count: equal lengths, and no prefill.
+        if not has_prefill and len(set(lengths)) == 1:
+            return lengths[0]
+        return None
+
+
+def scenarios_for(target: Target) -> tuple[str, ...]:
+    """The scenarios this version's API can run."""
+    supported = ["step", "drafter", "profile"]
+    if target.api.has("allow_ubatching"):
+        supported.append("ubatch")
+    if (
+        not target.api.has("need_eager")
+        and target.api.entry != "sync_cudagraph_and_dp_padding"
+    ):
+        supported.remove("profile")
+    return tuple(name for name in SCENARIOS if name in supported)
+
+
+def token_counts(policy: CapturePolicy) -> st.SearchStrategy[int]:
+    """Positive token counts, mostly at capture-table edges."""
+    largest = max(policy.capture_sizes, default=8)
+    edges = [*_edge_values(policy), largest + 1]
+    return st.one_of(st.sampled_from(edges), st.integers(1, 2 * largest + 2))
+
+
+def cases(
+    target: Target,
+    *,
+    scenario: str,
+    profile: str,
+    ranks: tuple[int, int] = DEFAULT_RANKS,
+    policy: CapturePolicy | None = None,
+    max_steps: int = 2,
+) -> st.SearchStrategy[Case]:
+    """Cases for ``scenario`` on ``target``, drawn as ``profile`` allows."""
+    if profile not in PROFILES:
+        raise UsageError(f"unknown profile {profile!r}; known: {', '.join(PROFILES)}")
+    if scenario not in scenarios_for(target):
+        raise UsageError(f"{target.label} cannot run the {scenario!r} scenario")
+    low, high = ranks
+    if not 1 <= low <= high:
+        raise UsageError(f"bad rank range {low}..{high}")
+    model = CallerModel.of(target)
+    capabilities = Capabilities.of_target(target)
+    policies = (
+        st.just(policy)
+        if policy is not None
+        else policy_strategies.policies(
+            capabilities, with_drafter=scenario == "drafter"
+        )
+    )
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        chosen = _fit_policy(draw, draw(policies), scenario)
+        dp_size = draw(st.integers(low, high))
+        steps = draw(st.integers(1, max_steps))
+        batch = (
+            _caller_batches(model, chosen, scenario)
+            if profile == "caller"
+            else _contract_batches(model, chosen, scenario)
+        )
+        drawn = []
+        for _ in range(steps):
+            step = draw(batch(dp_size))
+            drawn.append(tuple(step))
+        return Case(
+            scenario=scenario,
+            profile=profile,
+            policy=chosen,
+            steps=tuple(drawn),
+            num_speculative_steps=(
+                chosen.decode_query_len - 1 if scenario == "drafter" else 0
+            ),
+        )
+
+    return draw_case()
+
+
+def _fit_policy(draw: st.DrawFn, policy: CapturePolicy, scenario: str) -> CapturePolicy:
+    """Give the scenario what it needs: a drafter's decode length, microbatching."""
+    if scenario == "drafter" and policy.decode_query_len < 2:
+        policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
+    if scenario == "ubatch" and policy.microbatching is None:
+        policy = replace(
+            policy,
+            microbatching=Microbatching(
+                num_ubatches=draw(st.integers(2, 3)),
+                decode_token_threshold=draw(st.integers(0, 64)),
+                prefill_token_threshold=draw(st.integers(0, 256)),
+            ),
+        )
+    return policy
+
+
+BatchesOf = Callable[[int], st.SearchStrategy[list[RankBatch]]]
+
+
+def _caller_batches(
+    model: CallerModel, policy: CapturePolicy, scenario: str
+) -> BatchesOf:
+    query_len = policy.decode_query_len
+    max_reqs = policy.max_num_seqs
+    has = model.features.__contains__
+
+    def finish(
+        lengths: list[int], has_prefill: bool, kind: str, draw: st.DrawFn
+    ) -> RankBatch:
+        uniform = model.uniform(lengths, has_prefill)
+        bound: int | None = max(lengths)
+        if has_prefill and model.drops_query_bound_on_prefill:
+            bound = None
+        dummy = kind == "dummy"
+        loras = 0
+        if has("num_active_loras") and policy.lora_capture_cases and not dummy:
+            loras = draw(st.integers(0, max(policy.lora_capture_cases) + 1))
+        return RankBatch(
+            num_reqs=len(lengths),
+            num_tokens=sum(lengths),
+            uniform_token_count=uniform,
+            max_query_len=bound if has("max_query_len") else None,
+            # Encoder-decoder steps with encoder inputs skip graphs on that rank.
+            need_eager=(
+                draw(st.sampled_from((False, False, False, True)))
+                if has("need_eager") and not dummy
+                else False
+            ),
+            num_active_loras=loras,
+            allow_ubatching=has("allow_ubatching") and policy.microbatching is not None,
+            uniform_decode=has("uniform_decode") and uniform == query_len,
+            allow_skip_drafts=(
+                draw(st.booleans()) if has("allow_skip_drafts") and not dummy else False
+            ),
+            kind=kind,
+        )
+
+    @st.composite
+    def one_rank(draw: st.DrawFn) -> RankBatch:
+        kind = draw(st.sampled_from(("decode", "dummy", "mixed", "prefill")))
+        if kind == "dummy":
+            # An idle rank runs vLLM's dummy batch: one request of one decode.
+            return finish([query_len], False, kind, draw)
+        if kind == "decode":
+            reqs = draw(
+                st.one_of(
+                    st.sampled_from(
+                        sorted(
+                            {
+                                max(1, min(max_reqs, -(-t // query_len)))
+                                for t in _edge_values(policy)
+                            }
+                        )
+                    ),
+                    st.integers(1, max_reqs),
+                )
+            )
+            return finish([query_len] * reqs, False, kind, draw)
+        total = draw(token_counts(policy))
+        prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
+        lengths = _split(total, prefills)
+        if kind == "mixed":
+            decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
+            lengths = [query_len] * decodes + lengths
+        return finish(lengths, True, kind, draw)
+
+    @st.composite
+    def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        # Every rank profiles the same dummy batch, eager, with no manager.
+        total = draw(token_counts(policy))
+        lengths = _split(total, min(total, max_reqs))
+        batch = replace(finish(lengths, False, "profile", draw), need_eager=True)
+        return [batch] * dp_size
+
+    @st.composite
+    def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        batches = [draw(one_rank()) for _ in range(dp_size)]
+        if all(batch.kind == "dummy" for batch in batches):
+            # With no work anywhere vLLM does not step at all.
+            batches[0] = replace(batches[0], kind="decode")
+        return batches
+
+    return profile_step if scenario == "profile" else step
+
+
+def _contract_batches(
+    model: CallerModel, policy: CapturePolicy, scenario: str
+) -> BatchesOf:
+    query_len = policy.decode_query_len
+    max_reqs = policy.max_num_seqs
+    has = model.features.__contains__
+
+    @st.composite
+    def one_rank(draw: st.DrawFn) -> RankBatch:
+        tokens = draw(st.one_of(token_counts(policy), st.just(0)))
+        uniform: int | None = None
+        bound: int | None = None
+        reqs = 0
+        if tokens:
+            divisors = [
+                u for u in range(1, 9) if tokens % u == 0 and tokens // u <= max_reqs
+            ]
+            uniform = (
+                draw(st.one_of(st.none(), st.sampled_from(divisors)))
+                if divisors
+                else None
+            )
+            if uniform is not None:
+                reqs = tokens // uniform
+            else:
+                reqs = draw(st.integers(1, max(1, min(tokens, max_reqs))))
+            if has("max_query_len"):
+                least = uniform or -(-tokens // reqs)
+                bound = draw(
+                    st.one_of(st.none(), st.integers(least, max(least, tokens)))
+                )
+        profile_run = scenario == "profile"
+        return RankBatch(
+            num_reqs=reqs,
+            num_tokens=tokens,
+            uniform_token_count=uniform,
+            max_query_len=bound,
+            need_eager=profile_run or (has("need_eager") and draw(st.booleans())),
+            num_active_loras=draw(st.integers(0, 5)) if has("num_active_loras") else 0,
+            allow_ubatching=has("allow_ubatching") and draw(st.booleans()),
+            uniform_decode=has("uniform_decode") and uniform == query_len,
+            allow_skip_drafts=has("allow_skip_drafts") and draw(st.booleans()),
+            kind="idle" if tokens == 0 else "batch",
+        )
+
+    def step(dp_size: int) -> st.SearchStrategy[list[RankBatch]]:
+        return st.lists(one_rank(), min_size=dp_size, max_size=dp_size)
+
+    return step
+
+
+def _edge_values(policy: CapturePolicy) -> list[int]:
+    """1, each capture size and one either side, and the same around half of
+    each size, where a microbatched split of that size changes hands."""
+    values = {1}
+    for size in policy.capture_sizes:
+        half = size // 2
+        values.update((size - 1, size, size + 1, half - 1, half, half + 1))
+    return sorted(value for value in values if value > 0)
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """``total`` tokens over ``parts`` requests, the remainder on the last ones."""
+    parts = max(1, min(parts, total))
+    base, extra = divmod(total, parts)
+    return [base + (index >= parts - extra) for index in range(parts)]
