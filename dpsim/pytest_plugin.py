@@ -29,13 +29,13 @@ from dpsim.capture.policy import CapturePolicy, load_policy
 from dpsim.targets import load_target
 from dpsim.targets.load import Target
 
-_COMMON = {
-    "deadline": None,
-    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
-}
-settings.register_profile("dev", max_examples=40, **_COMMON)
-settings.register_profile("ci", max_examples=150, **_COMMON)
-settings.register_profile("nightly", max_examples=5000, **_COMMON)
+_BASE = settings(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile("dev", parent=_BASE, max_examples=40)
+settings.register_profile("ci", parent=_BASE, max_examples=150)
+settings.register_profile("nightly", parent=_BASE, max_examples=5000)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 _OPTIONS = (
