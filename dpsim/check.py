@@ -65,6 +65,10 @@ class ScenarioRun:
     examples: int
     seconds: float
     finding: Finding | None
+    #: Seconds until the first failing case was seen (before shrinking).
+    first_failure_seconds: float | None = None
+    #: Seconds spent simulating and judging cases (the rest is generation).
+    judging_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,20 +138,26 @@ def _check_scenario(
     chased: list[str] = []
     examples = 0
     started = time.perf_counter()
+    first_failure: list[float] = []
+    judging = 0.0
 
     def fails(case: Case) -> bool:
-        nonlocal examples
+        nonlocal examples, judging
         examples += 1
         if progress is not None:
             progress(scenario, examples, options.examples)
+        judged = time.perf_counter()
         try:
             _, verdicts = evaluate(target, case, properties)
         except PolicyRefused:
             reject()
+        finally:
+            judging += time.perf_counter() - judged
         if not verdicts:
             return False
         if not chased:
             chased.append(verdicts[0].property)
+            first_failure.append(time.perf_counter() - started)
         return any(verdict.property == chased[0] for verdict in verdicts)
 
     config = settings(
@@ -169,12 +179,21 @@ def _check_scenario(
             else None,
         )
     except (NoSuchExample, Unsatisfiable):
-        return ScenarioRun(scenario, examples, time.perf_counter() - started, None)
+        return ScenarioRun(
+            scenario, examples, time.perf_counter() - started, None, None, judging
+        )
     result, verdicts = evaluate(target, minimal, properties)
     # The chased property first, the others it also broke after it.
     ordered = sorted(verdicts, key=lambda verdict: verdict.property != chased[0])
     finding = Finding(minimal, result, tuple(ordered))
-    return ScenarioRun(scenario, examples, time.perf_counter() - started, finding)
+    return ScenarioRun(
+        scenario,
+        examples,
+        time.perf_counter() - started,
+        finding,
+        first_failure[0],
+        judging,
+    )
 
 
 def _database_key(target: Target, scenario: str, options: CheckOptions) -> bytes:

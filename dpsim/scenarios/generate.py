@@ -18,6 +18,7 @@ one request, the simplest policy.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -160,12 +161,26 @@ def _fit_policy(draw: st.DrawFn, policy: CapturePolicy, scenario: str) -> Captur
 BatchesOf = Callable[[int], st.SearchStrategy[list[RankBatch]]]
 
 
+@functools.lru_cache(maxsize=512)
 def _caller_batches(
     model: CallerModel, policy: CapturePolicy, scenario: str
 ) -> BatchesOf:
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
+    tokens = token_counts(policy)
+    loras = active_loras(policy)
+    decode_requests = st.one_of(
+        st.sampled_from(
+            sorted(
+                {
+                    max(1, min(max_reqs, -(-t // query_len)))
+                    for t in _edge_values(policy)
+                }
+            )
+        ),
+        st.integers(1, max_reqs),
+    )
 
     def finish(
         lengths: list[int], has_prefill: bool, kind: str, draw: st.DrawFn
@@ -175,9 +190,9 @@ def _caller_batches(
         if has_prefill and model.drops_query_bound_on_prefill:
             bound = None
         dummy = kind == "dummy"
-        loras = 0
-        if has("num_active_loras") and policy.lora_capture_cases and not dummy:
-            loras = draw(st.integers(0, max(policy.lora_capture_cases) + 1))
+        active = 0
+        if has("num_active_loras") and not dummy:
+            active = draw(loras)
         return RankBatch(
             num_reqs=len(lengths),
             num_tokens=sum(lengths),
@@ -189,7 +204,7 @@ def _caller_batches(
                 if has("need_eager") and not dummy
                 else False
             ),
-            num_active_loras=loras,
+            num_active_loras=active,
             allow_ubatching=has("allow_ubatching") and policy.microbatching is not None,
             uniform_decode=has("uniform_decode") and uniform == query_len,
             allow_skip_drafts=(
@@ -205,21 +220,9 @@ def _caller_batches(
             # An idle rank runs vLLM's dummy batch: one request of one decode.
             return finish([query_len], False, kind, draw)
         if kind == "decode":
-            reqs = draw(
-                st.one_of(
-                    st.sampled_from(
-                        sorted(
-                            {
-                                max(1, min(max_reqs, -(-t // query_len)))
-                                for t in _edge_values(policy)
-                            }
-                        )
-                    ),
-                    st.integers(1, max_reqs),
-                )
-            )
+            reqs = draw(decode_requests)
             return finish([query_len] * reqs, False, kind, draw)
-        total = draw(token_counts(policy))
+        total = draw(tokens)
         prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
         lengths = _split(total, prefills)
         if kind == "mixed":
@@ -230,7 +233,7 @@ def _caller_batches(
     @st.composite
     def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Every rank profiles the same dummy batch, eager, with no manager.
-        total = draw(token_counts(policy))
+        total = draw(tokens)
         lengths = _split(total, min(total, max_reqs))
         batch = replace(finish(lengths, False, "profile", draw), need_eager=True)
         return [batch] * dp_size
@@ -246,16 +249,19 @@ def _caller_batches(
     return profile_step if scenario == "profile" else step
 
 
+@functools.lru_cache(maxsize=512)
 def _contract_batches(
     model: CallerModel, policy: CapturePolicy, scenario: str
 ) -> BatchesOf:
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
+    counts = st.one_of(token_counts(policy), st.just(0))
+    loras = active_loras(policy)
 
     @st.composite
     def one_rank(draw: st.DrawFn) -> RankBatch:
-        tokens = draw(st.one_of(token_counts(policy), st.just(0)))
+        tokens = draw(counts)
         uniform: int | None = None
         bound: int | None = None
         reqs = 0
@@ -284,7 +290,7 @@ def _contract_batches(
             uniform_token_count=uniform,
             max_query_len=bound,
             need_eager=profile_run or (has("need_eager") and draw(st.booleans())),
-            num_active_loras=draw(st.integers(0, 5)) if has("num_active_loras") else 0,
+            num_active_loras=draw(loras) if has("num_active_loras") else 0,
             allow_ubatching=has("allow_ubatching") and draw(st.booleans()),
             uniform_decode=has("uniform_decode") and uniform == query_len,
             allow_skip_drafts=has("allow_skip_drafts") and draw(st.booleans()),
@@ -295,6 +301,13 @@ def _contract_batches(
         return st.lists(one_rank(), min_size=dp_size, max_size=dp_size)
 
     return step
+
+
+def active_loras(policy: CapturePolicy) -> st.SearchStrategy[int]:
+    """Active LoRA counts: vLLM captures cases up to ``max_loras``, and no batch
+    has more adapters active than that."""
+    cases = policy.lora_capture_cases or (0,)
+    return st.integers(0, max(cases))
 
 
 def _edge_values(policy: CapturePolicy) -> list[int]:
