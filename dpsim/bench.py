@@ -104,7 +104,7 @@ def corpus_entries() -> list[tuple[str, Target, CheckOptions]]:
 def bench_corpus(
     entries: Iterable[tuple[str, Target, CheckOptions]] | None = None,
 ) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, target, options in entries if entries is not None else corpus_entries():
         report = run_check(target, options)
         failed = report.first_failure
