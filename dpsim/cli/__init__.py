@@ -32,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsim.cli import bench, check, targets
+    from dpsim.cli import bench, check, policy, targets
 
     parser = _Parser(
         prog="dpsim",
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser
     )
-    for module in (bench, check, targets):
+    for module in (bench, check, policy, targets):
         module.register(commands)
     return parser
 
