@@ -1,0 +1,180 @@
+"""dpsim check: finding, shrinking, determinism, the CLI's contract, real findings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dpsim import cex
+from dpsim.check import CheckOptions, run_check
+from dpsim.cli import main
+from dpsim.targets import load_target
+
+pytestmark = pytest.mark.release
+
+# A small dp_utils with vLLM 0.20's API, written for these tests. PAD_FROM
+# decides whose token count the shared graph is chosen from.
+HAND_WRITTEN = """
+import torch
+import torch.distributed as dist
+from vllm.config.compilation import CUDAGraphMode
+from vllm.distributed.parallel_state import get_dp_group
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+
+
+def dispatch_cg_and_sync_dp(cudagraph_manager, num_reqs, num_tokens,
+                            uniform_token_count, dp_size, dp_rank, need_eager=False):
+    if dp_size == 1:
+        return cudagraph_manager.dispatch(num_reqs, num_tokens, uniform_token_count), None
+    votes = torch.zeros(2, dp_size, dtype=torch.int32)
+    votes[0][dp_rank] = num_tokens
+    votes[1][dp_rank] = 0 if need_eager else 1
+    dist.all_reduce(votes, group=get_dp_group().cpu_group)
+    counts = votes[0]
+    if int(counts.max()) == 0:
+        return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=0, num_reqs=0), None
+    if int(votes[1].min()) == 0:
+        own = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
+        return own, counts
+    chosen = cudagraph_manager.dispatch(num_reqs, PAD_FROM, None)
+    if chosen.cg_mode == CUDAGraphMode.NONE:
+        chosen = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
+        return chosen, counts
+    counts[:] = chosen.num_tokens
+    return chosen, counts
+"""
+
+
+@pytest.fixture
+def per_rank_padding(write_module: Callable[[str, str], Path]) -> Path:
+    return write_module(
+        "per_rank_padding.py", HAND_WRITTEN.replace("PAD_FROM", "num_tokens")
+    )
+
+
+@pytest.fixture
+def agreed_padding(write_module: Callable[[str, str], Path]) -> Path:
+    return write_module(
+        "agreed_padding.py", HAND_WRITTEN.replace("PAD_FROM", "int(counts.max())")
+    )
+
+
+def test_check_finds_and_shrinks_per_rank_padding(per_rank_padding: Path) -> None:
+    target = load_target("0.20.0", per_rank_padding)
+    report = run_check(target, CheckOptions(scenarios=("step",), examples=300))
+    assert not report.passed
+    finding = report.runs[0].finding
+    assert finding is not None
+    assert finding.primary.property in {"agreement", "no-hang", "padded-counts"}
+    # Shrunk: the fewest ranks and steps that still show it.
+    assert finding.case.dp_size == 2
+    assert len(finding.case.steps) == 1
+
+
+def test_the_correct_twin_passes(agreed_padding: Path) -> None:
+    target = load_target("0.20.0", agreed_padding)
+    report = run_check(target, CheckOptions(examples=150))
+    assert report.passed, [
+        str(run.finding.primary) for run in report.runs if run.finding
+    ]
+
+
+def test_same_seed_same_counterexample_byte_for_byte(
+    per_rank_padding: Path, tmp_path: Path
+) -> None:
+    target = load_target("0.20.0", per_rank_padding)
+    texts = []
+    for attempt in range(2):
+        report = run_check(
+            target, CheckOptions(scenarios=("step",), examples=200, seed=7)
+        )
+        finding = report.runs[0].finding
+        assert finding is not None
+        built = cex.files.build(
+            target, finding.case, finding.result, finding.verdicts, ("all",)
+        )
+        texts.append(cex.write(built, tmp_path / str(attempt)).read_text())
+    assert texts[0] == texts[1]
+
+
+def test_cli_exit_status_json_summary_and_counterexample_file(
+    per_rank_padding: Path,
+    agreed_padding: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    out = tmp_path / "out"
+    common = [
+        "--vllm",
+        "0.20.0",
+        "--scenario",
+        "step",
+        "--examples",
+        "200",
+        "--out",
+        str(out),
+        "--json",
+    ]
+    assert main(["check", "--target", str(per_rank_padding), *common]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["verdict"] == "fail" and summary["scenario"] == "step"
+    assert {"property", "examples", "seconds", "counterexample"} <= set(summary)
+    written = cex.read(Path(summary["counterexample"]))
+    assert written.case.dp_size == 2
+    assert main(["check", "--target", str(agreed_padding), *common]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["verdict"] == "pass" and summary["counterexample"] is None
+
+
+def test_cli_prints_the_per_rank_table(
+    per_rank_padding: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "check",
+        "--vllm",
+        "0.20.0",
+        "--target",
+        str(per_rank_padding),
+        "--scenario",
+        "step",
+    ]
+    assert main([*args, "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample (shrunk)" in out
+    assert "rank | passed in" in out and "where each rank stands" in out
+    assert "replay:  dpsim replay" in out
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--ranks", "0..3"], "need 1 <= LO <= HI"),
+        (["--ranks", "two"], "expected N or LO..HI"),
+        (["--examples", "0"], "--examples must be at least 1"),
+        (["--vllm", "0.29.0", "--scenario", "ubatch"], "has no 'ubatch' scenario"),
+        (["--policy", "/nonexistent/policy.toml"], "/nonexistent/policy.toml"),
+        (["--scenario", "stepp"], "invalid choice"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", *arguments]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_real_finding_contract_profile_idle_rank_in_an_eager_step_hangs() -> None:
+    """Documented in README: a 0-token rank amid busy ranks, in a step some rank
+    makes eager, gets a 0-token descriptor; vLLM's model runner reads that as
+    "no rank has work" and skips the forward while the others run it."""
+    report = run_check(
+        load_target("0.33.0"), CheckOptions(scenarios=("step",), profile="contract")
+    )
+    finding = report.runs[0].finding
+    assert finding is not None and finding.primary.property == "no-hang"
+    kinds = {batch.kind for batch in finding.case.steps[0]}
+    assert kinds == {"idle", "batch"}

@@ -1,0 +1,293 @@
+"""Each property on hand-built traces: it flags what it exists for, and only that.
+
+The traces are made by running tiny programs on the simulator that record
+``sync`` events as the scenarios do, so the properties see exactly the shape
+of evidence they see in a real check. The corpus tests (test_corpus.py) show
+each property catching a planted bug in a full dp_utils module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dpsim.capture.policy import CapturePolicy
+from dpsim.errors import UsageError
+from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
+from dpsim.scenarios import Case, RankBatch
+from dpsim.scenarios.ranks import SYNC_EVENT
+from dpsim.sim import EP_GROUP, current_world, record, simulate
+
+POLICY = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL", max_num_seqs=8
+)
+
+
+def batch(tokens: int, reqs: int | None = None, **extra: Any) -> dict[str, Any]:
+    fields = RankBatch(
+        num_reqs=tokens if reqs is None else reqs, num_tokens=tokens, **extra
+    )
+    return fields.to_dict()
+
+
+def chose(
+    mode: str, tokens: int, reqs: int | None = None, ubatches: int = 1, **extra: Any
+) -> dict[str, Any]:
+    descriptor = {
+        "cg_mode": mode,
+        "num_tokens": tokens,
+        "num_reqs": reqs,
+        "uniform_token_count": None,
+        "max_query_len": None,
+        "num_active_loras": 0,
+        "num_ubatches": ubatches,
+    }
+    descriptor.update(extra)
+    return descriptor
+
+
+def agreed(counts: list[int], eager: bool = False, **extra: Any) -> dict[str, Any]:
+    agreement = {
+        "num_tokens_across_dp": counts,
+        "uniform_token_count": None,
+        "eager": eager,
+        "num_reqs": None,
+        "skip_drafts": None,
+    }
+    agreement.update(extra)
+    return agreement
+
+
+def failing(
+    records: list[dict[str, Any]], *, skip_forward_on: tuple[int, ...] = ()
+) -> list[str]:
+    """Record one phase per rank as given; return the names of failing properties."""
+
+    def program(rank: int) -> None:
+        payload = {"phase": "step 0", **records[rank]}
+        record(SYNC_EVENT, **payload)
+        if "error" in payload:
+            raise AssertionError(payload["error"])
+        if rank not in skip_forward_on:
+            current_world().dist.barrier(group=current_world().group(EP_GROUP))
+
+    result = simulate(program, ranks=len(records))
+    steps = (tuple(RankBatch.from_dict(r["inputs"]) for r in records),)
+    case = Case("step", "contract", POLICY, steps)
+    return [verdict.property for verdict in judge(case, result)]
+
+
+def test_a_correct_phase_fails_nothing() -> None:
+    records = [
+        {
+            "inputs": batch(3),
+            "descriptor": chose("FULL", 4, 4),
+            "agreement": agreed([4, 4]),
+        },
+        {
+            "inputs": batch(1),
+            "descriptor": chose("FULL", 4, 4),
+            "agreement": agreed([4, 4]),
+        },
+    ]
+    assert failing(records) == []
+
+
+def test_agreement_flags_a_per_rank_value_in_the_agreement_alone() -> None:
+    records = [
+        {
+            "inputs": batch(2),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2], uniform_token_count=1),
+        },
+        {
+            "inputs": batch(2),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2], uniform_token_count=2),
+        },
+    ]
+    assert failing(records) == ["agreement"]
+
+
+def test_agreement_flags_different_padded_counts_unless_eager() -> None:
+    graph = [
+        {
+            "inputs": batch(2),
+            "descriptor": chose("PIECEWISE", 2),
+            "agreement": agreed([2, 4]),
+        },
+        {
+            "inputs": batch(3),
+            "descriptor": chose("PIECEWISE", 4),
+            "agreement": agreed([2, 4]),
+        },
+    ]
+    assert "agreement" in failing(graph)
+    eager = [
+        {
+            "inputs": batch(2),
+            "descriptor": chose("NONE", 2, 2),
+            "agreement": agreed([2, 3], eager=True),
+        },
+        {
+            "inputs": batch(3),
+            "descriptor": chose("NONE", 3, 3),
+            "agreement": agreed([2, 3], eager=True),
+        },
+    ]
+    assert failing(eager) == []
+
+
+def test_no_hang_flags_a_rank_that_skips_a_collective_and_names_the_stuck() -> None:
+    records = [
+        {
+            "inputs": batch(1),
+            "descriptor": chose("FULL", 1, 1),
+            "agreement": agreed([1, 1]),
+        },
+        {
+            "inputs": batch(1),
+            "descriptor": chose("FULL", 1, 1),
+            "agreement": agreed([1, 1]),
+        },
+    ]
+    assert failing(records, skip_forward_on=(1,)) == ["no-hang"]
+
+
+def test_no_error_flags_a_raise_and_no_hang_leaves_it_to_no_error() -> None:
+    records = [
+        {"inputs": batch(1), "error": "AssertionError: padding"},
+        {
+            "inputs": batch(1),
+            "descriptor": chose("FULL", 1, 1),
+            "agreement": agreed([1, 1]),
+        },
+    ]
+    assert failing(records) == ["no-error"]
+
+
+def test_coverage_flags_a_graph_too_small_for_the_ranks_requests() -> None:
+    records = [
+        {
+            "inputs": batch(4, 4),
+            "descriptor": chose("FULL", 4, 2),
+            "agreement": agreed([4, 4]),
+        },
+        {
+            "inputs": batch(2, 2),
+            "descriptor": chose("FULL", 4, 2),
+            "agreement": agreed([4, 4]),
+        },
+    ]
+    assert failing(records) == ["coverage"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "descriptor"),
+    [
+        (
+            batch(4, 4, uniform_token_count=None),
+            chose("FULL", 4, 4, uniform_token_count=1),
+        ),
+        (batch(4, 2, max_query_len=None), chose("FULL", 4, 4, max_query_len=2)),
+        (batch(4, 2, num_active_loras=2), chose("FULL", 4, 4, num_active_loras=1)),
+    ],
+)
+def test_coverage_flags_uniform_query_bound_and_lora_shortfalls(
+    inputs: dict, descriptor: dict
+) -> None:
+    records = [
+        {"inputs": inputs, "descriptor": descriptor, "agreement": agreed([4, 4])}
+    ] * 2
+    assert failing(records) == ["coverage"]
+
+
+def test_eager_contagion_flags_an_ignored_need_eager() -> None:
+    records = [
+        {
+            "inputs": batch(2, need_eager=True),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2]),
+        },
+        {
+            "inputs": batch(2),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2]),
+        },
+    ]
+    assert failing(records) == ["eager-contagion"]
+
+
+def test_idle_flags_an_agreement_when_nobody_has_work() -> None:
+    records = [
+        {
+            "inputs": batch(0),
+            "descriptor": chose("NONE", 0, 0),
+            "agreement": agreed([0, 0]),
+        }
+    ] * 2
+    assert failing(records, skip_forward_on=(0, 1)) == ["idle"]
+    nothing = [
+        {"inputs": batch(0), "descriptor": chose("NONE", 0, 0), "agreement": None}
+    ] * 2
+    assert failing(nothing, skip_forward_on=(0, 1)) == []
+
+
+def test_idle_flags_a_busy_step_without_an_agreement() -> None:
+    records = [
+        {"inputs": batch(1), "descriptor": chose("FULL", 1, 1), "agreement": None}
+    ] * 2
+    assert failing(records) == ["idle"]
+
+
+def test_padded_counts_flags_agreed_counts_not_updated_to_the_padding() -> None:
+    records = [
+        {
+            "inputs": batch(3),
+            "descriptor": chose("PIECEWISE", 4),
+            "agreement": agreed([3, 3]),
+        }
+    ] * 2
+    assert failing(records) == ["padded-counts"]
+
+
+def test_ubatch_split_flags_an_empty_last_microbatch() -> None:
+    # vLLM 57020: counts [64, 128] with a 128-token graph in 2 microbatches.
+    records = [
+        {
+            "inputs": batch(64, 8),
+            "descriptor": chose("FULL", 128, 16, ubatches=2),
+            "agreement": agreed([128, 128]),
+        },
+        {
+            "inputs": batch(128, 16),
+            "descriptor": chose("FULL", 128, 16, ubatches=2),
+            "agreement": agreed([128, 128]),
+        },
+    ]
+    assert failing(records) == ["ubatch-split"]
+    filled = [dict(records[1]), dict(records[1])]
+    filled[0] = {**records[0], "inputs": batch(65, 8)}
+    assert failing(filled) == []
+
+
+def test_every_property_documents_what_it_guards() -> None:
+    assert set(PROPERTY_NAMES) >= {
+        "agreement",
+        "no-hang",
+        "coverage",
+        "eager-contagion",
+        "idle",
+        "padded-counts",
+    }
+    for prop in PROPERTIES.values():
+        assert prop.summary and prop.guards
+        module = __import__(prop.judge.__module__, fromlist=["_"])
+        assert module.__doc__ and "Why" in module.__doc__
+
+
+def test_unknown_property_names_are_refused() -> None:
+    with pytest.raises(UsageError, match="unknown property 'agreemnt'"):
+        select(["agreemnt"])
+    assert [prop.name for prop in select(["idle"])] == ["idle"]

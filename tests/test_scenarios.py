@@ -1,0 +1,166 @@
+"""Cases, generators and the per-rank programs of each scenario."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpsim.capture.policy import CapturePolicy
+from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
+from dpsim.scenarios.generate import _split, cases, scenarios_for
+from dpsim.sim import Outcome
+from dpsim.targets import load_target
+
+pytestmark = pytest.mark.release
+
+SMALL = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL_AND_PIECEWISE", max_num_seqs=8
+)
+
+
+def _phases(result) -> list[list[str]]:
+    return [
+        [event.payload["phase"] for event in trace.events] for trace in result.ranks
+    ]
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.29.0", "0.33.0"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_caller_batches_are_what_a_model_runner_builds(
+    version: str, data: st.DataObject
+) -> None:
+    target = load_target(version)
+    scenario = data.draw(st.sampled_from(scenarios_for(target)))
+    case = data.draw(cases(target, scenario=scenario, profile="caller", ranks=(2, 6)))
+    query_len = case.policy.decode_query_len
+    for step in case.steps:
+        assert any(batch.kind != "dummy" for batch in step) or scenario == "profile"
+        for batch in step:
+            assert 1 <= batch.num_reqs <= batch.num_tokens
+            assert batch.num_reqs <= case.policy.max_num_seqs
+            if batch.uniform_token_count is not None:
+                assert batch.uniform_token_count * batch.num_reqs == batch.num_tokens
+            if batch.max_query_len is not None:
+                assert batch.max_query_len * batch.num_reqs >= batch.num_tokens
+            if batch.kind == "dummy":
+                assert (batch.num_reqs, batch.num_tokens) == (1, query_len)
+            if scenario == "profile":
+                assert batch.need_eager and batch == step[0]
+            if case.policy.lora_capture_cases:
+                assert batch.num_active_loras <= max(case.policy.lora_capture_cases)
+            else:
+                assert batch.num_active_loras == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_contract_batches_stay_inside_the_documented_contract(
+    data: st.DataObject,
+) -> None:
+    target = load_target("0.33.0")
+    case = data.draw(cases(target, scenario="step", profile="contract", ranks=(2, 4)))
+    for batch in case.steps[0]:
+        assert 0 <= batch.num_reqs <= batch.num_tokens
+        assert (batch.num_tokens == 0) == (batch.num_reqs == 0)
+        if batch.uniform_token_count is not None:
+            assert batch.uniform_token_count * batch.num_reqs == batch.num_tokens
+            assert batch.uniform_decode == (
+                batch.uniform_token_count == case.policy.decode_query_len
+            )
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_cases_round_trip_through_json(data: st.DataObject) -> None:
+    target = load_target("0.33.0")
+    scenario = data.draw(st.sampled_from(scenarios_for(target)))
+    case = data.draw(cases(target, scenario=scenario, profile="contract", ranks=(2, 3)))
+    assert Case.from_dict(case.to_dict()) == case
+
+
+def test_scenarios_follow_each_versions_api() -> None:
+    assert scenarios_for(load_target("0.33.0")) == (
+        "step",
+        "drafter",
+        "profile",
+        "ubatch",
+    )
+    assert "ubatch" not in scenarios_for(load_target("0.29.0"))
+
+
+def test_the_drafter_scenario_runs_prefill_then_its_own_decode_syncs() -> None:
+    target = load_target("0.29.0")
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16),
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        max_num_seqs=8,
+        decode_query_len=3,
+        drafter=CapturePolicy(
+            capture_sizes=(1, 2, 4), cudagraph_mode="FULL_AND_PIECEWISE", max_num_seqs=8
+        ),
+    )
+    decode = RankBatch(
+        num_reqs=2, num_tokens=6, uniform_token_count=3, max_query_len=3, kind="decode"
+    )
+    case = Case(
+        "drafter", "caller", policy, ((decode, decode),), num_speculative_steps=2
+    )
+    result = run_case(target, case)
+    assert result.outcome == Outcome.OK
+    assert (
+        _phases(result) == [["step 0", "drafter prefill 0", "drafter decode 0.1"]] * 2
+    )
+    prefill = result.ranks[0].events[1].payload
+    # The prefill reuses the target's agreement: same padded count, no collective.
+    assert (
+        prefill["inputs"]["num_tokens"]
+        == result.ranks[0].events[0].payload["descriptor"]["num_tokens"]
+    )
+    syncs = [c for c in result.ranks[0].collectives if c.group == "dp_cpu"]
+    assert (
+        len(syncs) == 2
+    )  # the target's sync and the drafter decode's, not the prefill
+
+
+def test_a_step_records_what_each_rank_passed_and_chose() -> None:
+    target = load_target("0.33.0")
+    busy = RankBatch(
+        num_reqs=3, num_tokens=3, uniform_token_count=1, max_query_len=1, kind="decode"
+    )
+    idle = RankBatch(
+        num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1, kind="dummy"
+    )
+    result = run_case(target, Case("step", "caller", SMALL, ((busy, idle),)))
+    first, second = (trace.events[0].payload for trace in result.ranks)
+    assert first["inputs"]["num_tokens"] == 3 and second["inputs"]["kind"] == "dummy"
+    assert first["descriptor"] == second["descriptor"]
+    assert first["descriptor"]["num_tokens"] == 4
+    assert first["agreement"]["num_tokens_across_dp"] == [4, 4]
+    ep = [c for c in result.ranks[1].collectives if c.group == "ep"]
+    assert [c.signature.shape for c in ep] == [(4,)]
+
+
+def test_a_policy_the_versions_manager_refuses_is_reported_as_such() -> None:
+    target = load_target("0.24.0")  # rounds sizes to the decode length itself
+    policy = CapturePolicy(
+        capture_sizes=(1,),
+        cudagraph_mode="FULL",
+        max_num_seqs=4,
+        decode_query_len=3,
+        max_capture_size=2,
+    )
+    batch = RankBatch(num_reqs=1, num_tokens=3, uniform_token_count=3)
+    with pytest.raises(PolicyRefused, match="No valid cudagraph sizes"):
+        run_case(target, Case("step", "caller", policy, ((batch, batch),)))
+
+
+@pytest.mark.parametrize(
+    ("total", "parts", "expected"),
+    [(7, 3, [2, 2, 3]), (4, 4, [1, 1, 1, 1]), (3, 5, [1, 1, 1])],
+)
+def test_split_puts_the_remainder_on_the_last_requests(
+    total: int, parts: int, expected: list[int]
+) -> None:
+    assert _split(total, parts) == expected
