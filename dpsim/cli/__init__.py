@@ -7,8 +7,11 @@ here as a single line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from dpsim.errors import UsageError
 
@@ -32,8 +35,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dpsim.cli import bench, check, policy, targets
-
     parser = _Parser(
         prog="dpsim",
         description=DESCRIPTION,
@@ -42,9 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser
     )
-    for module in (bench, check, policy, targets):
+    for module in command_modules():
         module.register(commands)
     return parser
+
+
+def command_modules() -> list[ModuleType]:
+    """Every module of this package that defines a sub-command, by name.
+
+    Adding a command is adding a module with a ``register(commands)``.
+    """
+    found = []
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if callable(getattr(module, "register", None)):
+            found.append(module)
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
