@@ -169,6 +169,11 @@ def _caller_batches(
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
     tokens = token_counts(policy)
+    anchors = (
+        st.one_of(st.sampled_from(policy.capture_sizes), tokens)
+        if policy.capture_sizes
+        else tokens
+    )
     loras = active_loras(policy)
     decode_requests = st.one_of(
         st.sampled_from(
@@ -214,15 +219,28 @@ def _caller_batches(
         )
 
     @st.composite
-    def one_rank(draw: st.DrawFn) -> RankBatch:
-        kind = draw(st.sampled_from(("decode", "dummy", "mixed", "prefill")))
+    def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
+        kind = draw(st.sampled_from(kinds))
         if kind == "dummy":
             # An idle rank runs vLLM's dummy batch: one request of one decode.
             return finish([query_len], False, kind, draw)
+        near = _near(anchor)
         if kind == "decode":
-            reqs = draw(decode_requests)
+            reqs = draw(
+                st.one_of(
+                    st.sampled_from(
+                        sorted(
+                            {
+                                max(1, min(max_reqs, value // query_len))
+                                for value in near
+                            }
+                        )
+                    ),
+                    decode_requests,
+                )
+            )
             return finish([query_len] * reqs, False, kind, draw)
-        total = draw(tokens)
+        total = draw(st.one_of(st.sampled_from(near), tokens))
         prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
         lengths = _split(total, prefills)
         if kind == "mixed":
@@ -240,7 +258,18 @@ def _caller_batches(
 
     @st.composite
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
-        batches = [draw(one_rank()) for _ in range(dp_size)]
+        # Swarm testing: each step allows a few kinds of batch, so that steps
+        # where every rank decodes (where microbatched graphs live) are common.
+        # Ranks take their batch from a palette of one to three shapes sized
+        # around one anchor, often a capture size, so the relations between
+        # ranks that padding decisions hinge on (max vs min, half a graph)
+        # come up at any DP size.
+        kinds = draw(st.sampled_from(KIND_MIXES))
+        anchor = draw(anchors)
+        palette = [
+            draw(one_rank(kinds, anchor)) for _ in range(draw(st.integers(1, 3)))
+        ]
+        batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
         if all(batch.kind == "dummy" for batch in batches):
             # With no work anywhere vLLM does not step at all.
             batches[0] = replace(batches[0], kind="decode")
@@ -308,6 +337,27 @@ def active_loras(policy: CapturePolicy) -> st.SearchStrategy[int]:
     has more adapters active than that."""
     cases = policy.lora_capture_cases or (0,)
     return st.integers(0, max(cases))
+
+
+#: Which kinds of batch one step may mix (swarm testing); simplest first.
+KIND_MIXES: tuple[tuple[str, ...], ...] = (
+    ("decode",),
+    ("decode", "dummy"),
+    ("decode", "dummy", "mixed", "prefill"),
+    ("prefill", "mixed"),
+)
+
+
+def _near(anchor: int) -> list[int]:
+    """Sizes whose relation to ``anchor`` flips padding and microbatching decisions."""
+    half = anchor // 2
+    return sorted(
+        {
+            value
+            for value in (anchor, anchor - 1, anchor + 1, half, half + 1)
+            if value > 0
+        }
+    )
 
 
 def _edge_values(policy: CapturePolicy) -> list[int]:
