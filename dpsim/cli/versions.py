@@ -1,0 +1,89 @@
+"""``dpsim versions``: the cross-version report (see :mod:`dpsim.versions`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dpsim.check import CheckOptions
+from dpsim.cli.check import parse_ranks
+from dpsim.errors import UsageError
+from dpsim.scenarios import PROFILES
+from dpsim.versions import (
+    SUPPORTED_RELEASES,
+    TargetRequest,
+    cross_version,
+    render_html,
+    render_markdown,
+    render_terminal,
+)
+
+HELP = "check every supported release (and files) and write a Markdown/HTML table"
+EPILOG = f"""\
+Default releases: {SUPPORTED_RELEASES[0]} .. {SUPPORTED_RELEASES[-1]} (the first of each minor).
+Add a single dp_utils.py with --target FILE@SPEC (FILE run against release SPEC).
+
+examples:
+  dpsim versions
+  dpsim versions 0.29.0 0.33.0 --target ./dp_utils.py@0.29.0 --examples 500
+  dpsim versions --profile contract --out report/
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "versions",
+        help=HELP,
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("specs", nargs="*", metavar="SPEC", help="releases or trees")
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="FILE@SPEC",
+        help="a dp_utils.py and the release it runs against (repeatable)",
+    )
+    parser.add_argument("--profile", default="caller", choices=PROFILES)
+    parser.add_argument("--ranks", default="2..16", metavar="LO..HI")
+    parser.add_argument("--examples", type=int, default=300, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--workers", type=int, metavar="N", help="processes (default: cores)"
+    )
+    parser.add_argument("--out", default="dpsim-out/versions", metavar="DIR")
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    requests = [TargetRequest(spec) for spec in arguments.specs]
+    for pair in arguments.target:
+        file, separator, vllm = pair.rpartition("@")
+        if not separator or not file or not vllm:
+            raise UsageError(
+                f"--target {pair!r}: expected FILE@SPEC, e.g. dp_utils.py@0.29.0"
+            )
+        if not Path(file).is_file():
+            raise UsageError(f"--target {pair!r}: no such file {file}")
+        requests.append(TargetRequest(vllm, str(Path(file).resolve())))
+    if not requests:
+        requests = [TargetRequest(version) for version in SUPPORTED_RELEASES]
+    if arguments.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    options = CheckOptions(
+        profile=arguments.profile,
+        ranks=parse_ranks(arguments.ranks),
+        examples=arguments.examples,
+        seed=arguments.seed,
+    )
+    out = Path(arguments.out)
+    rows = cross_version(requests, options, out, arguments.workers)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(render_markdown(rows, options, out))
+    (out / "report.html").write_text(render_html(rows, out))
+    print(render_terminal(rows))
+    print(f"\nwritten: {out / 'report.md'} and {out / 'report.html'}")
+    return 1 if any(row.verdict != "pass" for row in rows) else 0

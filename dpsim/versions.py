@@ -1,0 +1,184 @@
+"""The cross-version report: one check per release, one row per scenario.
+
+Answers "which vLLM releases have this DP-sync bug?" in a table that can be
+pasted into an upstream issue: each row is a version (or a file on a version)
+and a scenario, with ``pass`` or the property that failed and a link to its
+counterexample file. Targets are checked in parallel worker processes, each
+loading its own target; the rows come back in the order asked for.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsim import cex
+from dpsim.check import CheckOptions, run_check
+from dpsim.properties import PROPERTY_NAMES
+from dpsim.report import table
+from dpsim.targets import load_target
+
+#: Every release whose API dpsim adapts: the first of each minor, 0.18 to 0.33.
+SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(18, 34))
+
+
+@dataclass(frozen=True)
+class TargetRequest:
+    vllm: str
+    target_file: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    target: str
+    scenario: str
+    verdict: str  # "pass", "fail" or "error"
+    property: str | None
+    message: str | None
+    counterexample: str | None
+
+
+def check_target(
+    request: TargetRequest, options: CheckOptions, out: Path
+) -> list[VersionRow]:
+    """Check every scenario of one target; write each failure's counterexample."""
+    try:
+        target = load_target(request.vllm, request.target_file)
+    except Exception as error:  # one bad target must not sink the whole report
+        label = (
+            request.vllm
+            if request.target_file is None
+            else f"{request.target_file} on {request.vllm}"
+        )
+        return [
+            VersionRow(
+                label, "-", "error", None, f"{type(error).__name__}: {error}", None
+            )
+        ]
+    report = run_check(target, options)
+    rows = []
+    for run in report.runs:
+        finding = run.finding
+        if finding is None:
+            rows.append(
+                VersionRow(target.label, run.scenario, "pass", None, None, None)
+            )
+            continue
+        built = cex.files.build(
+            target,
+            finding.case,
+            finding.result,
+            finding.verdicts,
+            options.properties or PROPERTY_NAMES,
+        )
+        written = cex.write(built, out / _slug(target.label))
+        rows.append(
+            VersionRow(
+                target.label,
+                run.scenario,
+                "fail",
+                finding.primary.property,
+                str(finding.primary),
+                str(written),
+            )
+        )
+    return rows
+
+
+def cross_version(
+    requests: Sequence[TargetRequest],
+    options: CheckOptions,
+    out: Path,
+    workers: int | None = None,
+) -> list[VersionRow]:
+    workers = max(1, min(workers or os.cpu_count() or 1, len(requests)))
+    if workers == 1:
+        batches = [check_target(request, options, out) for request in requests]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = [
+                pool.submit(check_target, request, options, out) for request in requests
+            ]
+            batches = [future.result() for future in futures]
+    return [row for batch in batches for row in batch]
+
+
+def render_markdown(
+    rows: Sequence[VersionRow], options: CheckOptions, out: Path
+) -> str:
+    lines = [
+        "# dpsim cross-version report",
+        "",
+        f"Profile `{options.profile}`, ranks {options.ranks[0]}..{options.ranks[1]}, "
+        f"{options.examples} cases per scenario, seed {options.seed}.",
+        "",
+        "| target | scenario | result | counterexample |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        result = (
+            "pass" if row.verdict == "pass" else f"**{row.property or row.verdict}**"
+        )
+        link = ""
+        if row.counterexample:
+            relative = os.path.relpath(row.counterexample, out)
+            link = f"[{Path(row.counterexample).name}]({relative})"
+        elif row.verdict == "error":
+            link = (row.message or "").replace("|", "\\|")
+        lines.append(f"| {row.target} | {row.scenario} | {result} | {link} |")
+    failing = [row for row in rows if row.verdict == "fail"]
+    if failing:
+        lines += ["", "## Failures", ""]
+        lines += [f"- {row.target}, {row.scenario}: {row.message}" for row in failing]
+    return "\n".join(lines) + "\n"
+
+
+def render_html(rows: Sequence[VersionRow], out: Path) -> str:
+    body = []
+    for row in rows:
+        cell = (
+            "pass"
+            if row.verdict == "pass"
+            else html.escape(row.property or row.verdict)
+        )
+        link = ""
+        if row.counterexample:
+            relative = html.escape(os.path.relpath(row.counterexample, out))
+            link = (
+                f'<a href="{relative}">{html.escape(Path(row.counterexample).name)}</a>'
+            )
+        css = "pass" if row.verdict == "pass" else "fail"
+        title = html.escape(row.message or "")
+        body.append(
+            f"<tr><td>{html.escape(row.target)}</td><td>{html.escape(row.scenario)}</td>"
+            f'<td class="{css}" title="{title}">{cell}</td><td>{link}</td></tr>'
+        )
+    return (
+        "<!doctype html><meta charset=utf-8><title>dpsim cross-version report</title>"
+        "<style>body{font:14px sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
+        ".pass{color:#060}.fail{color:#a00;font-weight:bold}</style>"
+        "<h1>dpsim cross-version report</h1><table><tr><th>target</th><th>scenario</th>"
+        "<th>result</th><th>counterexample</th></tr>" + "".join(body) + "</table>\n"
+    )
+
+
+def render_terminal(rows: Sequence[VersionRow]) -> str:
+    return table(
+        ("target", "scenario", "result"),
+        [
+            (
+                row.target,
+                row.scenario,
+                row.verdict if row.verdict != "fail" else f"FAIL {row.message}",
+            )
+            for row in rows
+        ],
+    )
+
+
+def _slug(label: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in label)

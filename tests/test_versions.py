@@ -1,0 +1,64 @@
+"""The cross-version report: rows per target and scenario, links, Markdown and HTML."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from dpsim.check import CheckOptions
+from dpsim.cli import main
+from dpsim.versions import TargetRequest, cross_version, render_html, render_markdown
+
+pytestmark = pytest.mark.release
+
+
+def test_a_report_over_two_targets_links_each_failure(
+    per_rank_padding: Path, tmp_path: Path
+) -> None:
+    options = CheckOptions(scenarios=("step",), examples=150)
+    requests = [TargetRequest("0.20.0"), TargetRequest("0.20.0", str(per_rank_padding))]
+    rows = cross_version(requests, options, tmp_path, workers=1)
+    assert [(row.target, row.scenario, row.verdict) for row in rows] == [
+        ("vllm 0.20.0", "step", "pass"),
+        ("per_rank_padding.py on vllm 0.20.0", "step", "fail"),
+    ]
+    failed = rows[1]
+    assert failed.counterexample is not None and Path(failed.counterexample).is_file()
+    markdown = render_markdown(rows, options, tmp_path)
+    assert "| vllm 0.20.0 | step | pass |  |" in markdown
+    relative = Path(failed.counterexample).relative_to(tmp_path)
+    assert f"({relative})" in markdown
+    HTMLParser().feed(render_html(rows, tmp_path))  # parses without error
+
+
+def test_an_unloadable_target_is_a_row_not_a_crash(tmp_path: Path) -> None:
+    rows = cross_version(
+        [TargetRequest("0.17.0")], CheckOptions(examples=5), tmp_path, workers=1
+    )
+    assert rows[0].verdict == "error" and "0.15-0.17" in (rows[0].message or "")
+
+
+def test_cli_writes_both_files_and_refuses_a_bad_target_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    assert (
+        main(
+            [
+                "versions",
+                "0.29.0",
+                "--examples",
+                "20",
+                "--workers",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    assert main(["versions", "--target", "no-at-sign.py"]) == 2
+    assert "expected FILE@SPEC" in capsys.readouterr().err
