@@ -9,7 +9,8 @@ from typing import Any
 
 from dpsim.errors import UsageError
 from dpsim.targets import Target, load_target
-from dpsim.targets.cache import cache_root, cached_releases
+from dpsim.targets.cache import cache_root, cached_releases, ensure_release
+from dpsim.targets.spec import ReleaseSpec, parse_base
 
 HELP = "fetch, load and show targets (cached releases when none are named)"
 EPILOG = """\
@@ -40,10 +41,17 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="only fetch and load; one line each"
     )
+    parser.add_argument(
+        "--fetch",
+        action="store_true",
+        help="only make sure the releases are cached (no loading); for set-up",
+    )
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    if arguments.fetch:
+        return fetch(arguments.specs)
     requests: list[tuple[str | None, str | None]] = []
     if arguments.target:
         if arguments.specs:
@@ -71,6 +79,25 @@ def run(arguments: argparse.Namespace) -> int:
             print(f"ok  {target.label}")
         else:
             print(render(target))
+    return 2 if failures else 0
+
+
+def fetch(versions: list[str]) -> int:
+    """Cache each release, whether or not dpsim can adapt its API."""
+    if not versions:
+        raise UsageError("--fetch needs the releases to fetch")
+    failures = 0
+    for version in versions:
+        spec = parse_base(version)
+        if not isinstance(spec, ReleaseSpec):
+            raise UsageError(f"--fetch takes releases, not {version!r}")
+        try:
+            ensure_release(spec.version)
+        except UsageError as error:
+            failures += 1
+            print(f"dpsim: error: {error}", file=sys.stderr)
+            continue
+        print(f"cached  vllm {spec.version}")
     return 2 if failures else 0
 
 
