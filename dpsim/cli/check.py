@@ -143,12 +143,15 @@ def _write_counterexample(report: CheckReport, out: Path) -> Path | None:
         return None
     finding = failed.finding
     names = tuple(prop for prop in (report.options.properties or PROPERTY_NAMES))
-    return cex.write(
+    written = cex.write(
         cex.files.build(
             report.target, finding.case, finding.result, finding.verdicts, names
         ),
         out,
     )
+    # A pytest file beside it that fails while the bug is there (dpsim.cex.regression).
+    cex.write_regression_test(written)
+    return written
 
 
 def summary(report: CheckReport, written: Path | None) -> dict[str, Any]:
