@@ -10,11 +10,12 @@ diverge in the simulator the way they would on GPUs: a mismatch or a hang.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 
-from dpsim.sim import EP_GROUP, current_world, record
+from dpsim.sim import EP_GROUP
+from dpsim.targets import runtime
 from dpsim.targets.adapters import Agreement, Descriptor, agreement_of, describe
 from dpsim.targets.load import Target
 
@@ -22,6 +23,36 @@ from .case import RankBatch
 
 SYNC_EVENT = "sync"
 _FORWARD_DTYPE = torch.int8
+
+
+class ProgramWorld(Protocol):
+    """What a rank's program needs from the world it runs in, beyond the target's.
+
+    The simulator's ``SimWorld`` and the replay lane's real-process world both
+    provide it, so the same programs run on virtual ranks and on real process
+    groups. Reached through ``runtime.current()`` directly: one global read
+    per call, no cheaper than the simulator's own helpers but no dearer.
+    """
+
+    @property
+    def dist(self) -> Any: ...
+    def group(self, name: str) -> Any: ...
+    def record(self, kind: str, payload: dict[str, Any]) -> None: ...
+
+
+def program_world() -> ProgramWorld:
+    world = runtime.current()
+    if world is runtime.NO_WORLD:
+        raise RuntimeError(
+            "a scenario program ran outside a world: run it through "
+            "dpsim.scenarios.run_case (simulated) or dpsim.replay (real processes)"
+        )
+    return cast(ProgramWorld, world)
+
+
+def record(kind: str, **payload: Any) -> None:
+    """Add an event to the running rank's trace, in whichever world it runs."""
+    program_world().record(kind, payload)
 
 
 @dataclass(frozen=True)
@@ -80,7 +111,7 @@ def forward(descriptor: Descriptor) -> None:
     """
     if descriptor.num_tokens == 0:
         return
-    world = current_world()
+    world = program_world()
     group = world.group(EP_GROUP)
     dist = world.dist
     microbatches = max(descriptor.num_ubatches, 1)
