@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import dpsim
+from dpsim.cex import validate
 from dpsim.errors import UsageError
 from dpsim.properties.base import Verdict
 from dpsim.scenarios.case import Case
@@ -90,10 +91,7 @@ def write(counterexample: Counterexample, directory: Path) -> Path:
     digest = hashlib.sha256(
         json.dumps(counterexample.case.to_dict(), sort_keys=True).encode()
     ).hexdigest()[:10]
-    first = (
-        counterexample.verdicts[0]["property"] if counterexample.verdicts else "fail"
-    )
-    path = directory / f"{counterexample.case.scenario}-{first}-{digest}.json"
+    path = directory / f"{stem(counterexample, digest)}.json"
     directory.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(
         dir=directory, prefix=".writing-", suffix=".json"
@@ -108,44 +106,109 @@ def write(counterexample: Counterexample, directory: Path) -> Path:
     return path
 
 
+#: Bigger than any counterexample dpsim writes (a 1024-rank trace is a few
+#: MiB); reading stops before parsing anything larger.
+MAX_FILE_BYTES = 64 * 2**20
+
+
+def stem(counterexample: Counterexample, digest: str) -> str:
+    first = (
+        counterexample.verdicts[0]["property"] if counterexample.verdicts else "fail"
+    )
+    return f"{counterexample.case.scenario}-{first}-{digest}"
+
+
 def read(path: Path) -> Counterexample:
-    """Parse and validate a file; anything wrong is one clear UsageError."""
+    """Parse and validate a file; anything wrong is one clear UsageError.
+
+    Nothing in the file is executed or imported: JSON only, every field
+    checked (see :mod:`dpsim.cex.validate`) before a case is built from it.
+    """
+    path = Path(path)
     try:
-        data = json.loads(Path(path).read_text())
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_FILE_BYTES + 1)
     except OSError as error:
         raise UsageError(f"{path}: cannot read ({error.strerror})") from error
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+    if len(raw) > MAX_FILE_BYTES:
         raise UsageError(
-            f"{path}: not a dpsim counterexample (not JSON: {error})"
+            f"{path}: not a dpsim counterexample (over {MAX_FILE_BYTES // 2**20} MiB)"
+        )
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        # ValueError covers JSONDecodeError and integers too long to convert.
+        reason = str(error).splitlines()[0][:200] if str(error) else "too deep"
+        raise UsageError(
+            f"{path}: not a dpsim counterexample (not JSON: {reason})"
         ) from error
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise UsageError(f"{path}: not a dpsim counterexample file")
     if data.get("schema") != SCHEMA_VERSION:
         raise UsageError(
-            f"{path}: counterexample schema {data.get('schema')!r}; this dpsim reads {SCHEMA_VERSION}"
+            f"{path}: counterexample schema {str(data.get('schema'))[:40]!r}; "
+            f"this dpsim reads {SCHEMA_VERSION}"
         )
     try:
-        return Counterexample(
-            target=_mapping(data["target"], "target"),
-            case=Case.from_dict(_mapping(data["case"], "case")),
-            choices=tuple(int(choice) for choice in data["choices"]),
-            properties=tuple(str(name) for name in data["properties"]),
-            verdicts=tuple(
-                _mapping(verdict, "verdict") for verdict in data["verdicts"]
-            ),
-            outcome=str(data["outcome"]),
-            trace=_mapping(data["trace"], "trace"),
-            dpsim_version=str(data["dpsim_version"]),
-        )
+        return _parse(data)
     except UsageError as error:
-        raise UsageError(f"{path}: {error}") from error
+        raise UsageError(f"{path}: malformed counterexample: {error}") from error
     except (KeyError, TypeError, ValueError) as error:
+        # Defence in depth: validate.py should have caught it first.
         raise UsageError(
             f"{path}: malformed counterexample ({type(error).__name__}: {error})"
         ) from error
 
 
-def _mapping(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise UsageError(f"malformed counterexample: {what} is not an object")
-    return value
+def _parse(data: dict[str, Any]) -> Counterexample:
+    from dpsim.properties import PROPERTY_NAMES
+
+    case = Case.from_dict(validate.case(validate.required(data, "case", "file")))
+    known = frozenset(PROPERTY_NAMES)
+    return Counterexample(
+        target=validate.target(validate.required(data, "target", "file")),
+        case=case,
+        choices=validate.choices(
+            validate.required(data, "choices", "file"), case.dp_size
+        ),
+        properties=validate.names(
+            validate.required(data, "properties", "file"), "properties", known
+        ),
+        verdicts=validate.verdicts(
+            validate.required(data, "verdicts", "file"), known, case.dp_size
+        ),
+        outcome=validate.outcome(validate.required(data, "outcome", "file")),
+        trace=validate.mapping(validate.required(data, "trace", "file"), "trace"),
+        dpsim_version=validate.text(
+            validate.required(data, "dpsim_version", "file"), "dpsim_version"
+        ),
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def rerun_dict(
+    result: SimResult, verdicts: tuple[dict[str, Any], ...] | list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The part of a file a rerun must reproduce: outcome, verdicts, trace."""
+    return {
+        "outcome": str(result.outcome.value),
+        "verdicts": list(verdicts),
+        "trace": result.as_dict(),
+    }
+
+
+def recorded_rerun(counterexample: Counterexample) -> dict[str, Any]:
+    """The same part, as the file recorded it."""
+    return {
+        "outcome": counterexample.outcome,
+        "verdicts": list(counterexample.verdicts),
+        "trace": counterexample.trace,
+    }
+
+
+def canonical(data: dict[str, Any]) -> str:
+    """Bytes to compare reruns by: the file's own encoding of them."""
+    return json.dumps(data, indent=1, sort_keys=True)

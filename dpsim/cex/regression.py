@@ -1,0 +1,57 @@
+"""A standalone pytest file beside each counterexample, for users' regression suites.
+
+The test asserts that the properties *hold* on the recorded case, so it fails
+while the bug is there and passes once it is fixed: dropped into a suite, it
+guards the fix from then on (a test asserting that the failure reproduces
+would instead break the day the bug is fixed). It replays through
+``dpsim.replay.assert_holds``, on the target the file records unless
+``DPSIM_VLLM`` / ``DPSIM_TARGET`` point it elsewhere (a user's own tree).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dpsim
+
+_TEMPLATE = '''\
+"""Regression test for a vLLM DP-sync counterexample found by `dpsim check`.
+
+Fails while the bug is there, passes once the properties hold on this case.
+It replays the counterexample beside it,
+    {json_name}
+on the target that file records. Run it against your own vLLM with
+DPSIM_VLLM=SPEC (a release or source tree), plus DPSIM_TARGET=FILE for a
+single dp_utils.py. `dpsim replay FILE` shows the same run as a table.
+Written by dpsim {version}.
+"""
+
+from pathlib import Path
+
+from dpsim.replay import assert_holds
+
+COUNTEREXAMPLE = Path(__file__).with_name({json_name!r})
+
+
+def test_{identifier}() -> None:
+    assert_holds(COUNTEREXAMPLE)
+'''
+
+
+def regression_test_path(counterexample_path: Path) -> Path:
+    stem = re.sub(r"\W", "_", counterexample_path.stem)
+    return counterexample_path.with_name(f"test_{stem}.py")
+
+
+def write_regression_test(counterexample_path: Path) -> Path:
+    """Write ``test_<stem>.py`` next to the counterexample file; return its path."""
+    path = regression_test_path(counterexample_path)
+    path.write_text(
+        _TEMPLATE.format(
+            json_name=counterexample_path.name,
+            identifier=path.stem.removeprefix("test_"),
+            version=dpsim.__version__,
+        )
+    )
+    return path
