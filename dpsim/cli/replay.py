@@ -1,0 +1,278 @@
+"""``dpsim replay``: rerun a counterexample file, simulated or on real process groups.
+
+Exit status: 0 when every property holds now (the bug is gone on this
+target), 1 when a property fails (the failure reproduces, or fails anew),
+2 on a usage error, a lane that could not run, or a real lane that disagrees
+with the simulator (a dpsim bug: its verdict cannot be trusted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsim import cex
+from dpsim.cli.check import add_target_arguments
+from dpsim.properties import Evidence
+from dpsim.replay import (
+    BACKENDS,
+    HOLDS,
+    REPRODUCED,
+    SAME_VERDICTS,
+    LaneRun,
+    Rerun,
+    compare,
+    disagreements,
+    recorded_spec,
+    replay_in_sim,
+    resolve_target,
+    run_lane,
+)
+from dpsim.replay.lane import DEFAULT_TIMEOUT_S
+from dpsim.report import render_case_run, table
+
+HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
+EPILOG = """\
+The target is the one the file records, unless --vllm / --target name another
+(--target alone keeps the recorded vLLM under it). A recorded source file whose
+hash differs now is reported as a warning.
+
+backends:
+  sim    the simulator, with the recorded scheduling choices: on the recorded
+         target it reproduces verdict and per-rank diagnosis byte for byte
+  gloo   one real process per rank on this host, gloo process groups; a hang
+         is real and ends at --timeout; compared with the simulator
+  nccl   as gloo, with the forward pass's groups on NCCL, one GPU per rank
+
+exit status: 0 the properties hold now, 1 a property fails, 2 an error
+(including a real lane that disagrees with the simulator: a dpsim bug).
+
+examples:
+  dpsim replay dpsim-out/step-no-hang-5e8bb81b48.json
+  dpsim replay FILE --vllm 0.32.0          is the bug in another release?
+  dpsim replay FILE --backend gloo --timeout 5
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "replay",
+        help=HELP,
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("file", metavar="FILE", help="a counterexample JSON file")
+    add_target_arguments(parser)
+    parser.add_argument("--backend", default="sim", choices=("sim", *BACKENDS))
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"real lanes: how long a stuck collective waits (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one summary object")
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    counterexample = cex.read(Path(arguments.file))
+    resolved = resolve_target(counterexample, arguments.vllm, arguments.target)
+    target = resolved.target
+    if resolved.drift and not resolved.overridden:
+        print(
+            f"dpsim: warning: {target.label}'s sources differ from the recorded ones:",
+            file=sys.stderr,
+        )
+        for line in resolved.drift:
+            print(f"  {line}", file=sys.stderr)
+    rerun = replay_in_sim(counterexample, target)
+    status = compare(counterexample, rerun)
+    lane: LaneRun | None = None
+    differences: tuple[str, ...] = ()
+    if arguments.backend != "sim":
+        if arguments.vllm is None and arguments.target is None:
+            vllm, target_file = recorded_spec(counterexample)
+        else:
+            vllm, target_file = _spec_of(target)
+        lane = run_lane(
+            counterexample.case,
+            vllm=vllm,
+            target_file=target_file,
+            properties=counterexample.properties,
+            backend=arguments.backend,
+            timeout_s=arguments.timeout,
+            expected_files={item.module: item.sha256 for item in target.files},
+        )
+        differences = disagreements(
+            rerun.result, rerun.verdicts, lane.result, lane.verdicts
+        ) + tuple(f"source: {line}" for line in lane.source_mismatch)
+    replayed = Replayed(
+        arguments.file,
+        arguments.backend,
+        counterexample,
+        rerun,
+        status,
+        lane,
+        differences,
+    )
+    if arguments.json:
+        print(json.dumps(_summary(replayed), sort_keys=True))
+    else:
+        print(_render(replayed))
+    if differences:
+        return 2
+    failing = lane.verdicts if lane is not None else rerun.verdicts
+    return 1 if failing else 0
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One ``dpsim replay`` run, as rendered (text) or summarised (JSON)."""
+
+    file: str
+    backend: str
+    counterexample: cex.Counterexample
+    rerun: Rerun
+    status: str
+    lane: LaneRun | None
+    differences: tuple[str, ...]
+
+
+def _spec_of(target: Any) -> tuple[str, str | None]:
+    spec = target.spec.to_dict()
+    return str(spec["base"]), spec["dp_utils_file"]
+
+
+_STATUS_LINES = {
+    REPRODUCED: "the failure reproduces: same verdicts and per-rank diagnosis, byte for byte",
+    SAME_VERDICTS: "the bug is still there: the same verdicts (the trace differs, as "
+    "another target's does)",
+    HOLDS: "every property holds now: the bug is not there on this target",
+}
+
+
+def _render(replayed: Replayed) -> str:
+    counterexample, rerun, lane = replayed.counterexample, replayed.rerun, replayed.lane
+    recorded = counterexample.verdicts[0] if counterexample.verdicts else None
+    lines = [
+        f"dpsim replay: {replayed.file}",
+        f"  recorded on {counterexample.target.get('label')}: "
+        + (
+            f"{recorded['property']}: {recorded['message']}"
+            if recorded
+            else counterexample.outcome
+        ),
+        f"  rerun on    {rerun.target.label} (simulator)"
+        + (", recorded choices did not fit: default order" if rerun.diverged else ""),
+        "",
+        render_case_run(
+            _title(rerun.verdicts), rerun.case, Evidence(rerun.case, rerun.result)
+        ),
+        "",
+        _STATUS_LINES.get(
+            replayed.status,
+            "a property still fails, but not as recorded: "
+            + "; ".join(str(verdict) for verdict in rerun.verdicts),
+        ),
+    ]
+    if lane is not None:
+        lines.extend(["", *_render_lane(lane, replayed.differences)])
+    return "\n".join(lines)
+
+
+def _title(verdicts: Any) -> str:
+    if not verdicts:
+        return "simulated: every property holds"
+    return "simulated: " + str(verdicts[0])
+
+
+def _render_lane(lane: LaneRun, differences: tuple[str, ...]) -> list[str]:
+    lines = [
+        render_case_run(
+            f"real {lane.backend}, {lane.case.dp_size} processes: "
+            + (str(lane.verdicts[0]) if lane.verdicts else "every property holds"),
+            lane.case,
+            Evidence(lane.case, lane.result),
+        ),
+        "",
+        "processes:",
+    ]
+    rows = [
+        (
+            str(end.rank),
+            str(end.pid),
+            _exit(end.exitcode),
+            end.reaped,
+            end.backend_error or "",
+        )
+        for end in lane.ends
+    ]
+    lines.extend(
+        "  " + line
+        for line in table(
+            ("rank", "pid", "exit", "reaped", "backend said"), rows
+        ).splitlines()
+    )
+    lines.append(
+        f"  start-up {lane.startup_s:.1f}s, run {lane.run_s:.1f}s"
+        + (
+            ", watchdog fired (no progress within the timeout)"
+            if lane.watchdog_fired
+            else ""
+        )
+    )
+    lines.append("")
+    if differences:
+        lines.append("DPSIM BUG: the real lane disagrees with the simulator:")
+        lines.extend(f"  {line}" for line in differences)
+    else:
+        lines.append("the real lane agrees with the simulator")
+    return lines
+
+
+def _exit(code: int | None) -> str:
+    if code is None:
+        return "?"
+    return f"signal {-code}" if code < 0 else str(code)
+
+
+def _summary(replayed: Replayed) -> dict[str, Any]:
+    counterexample, rerun, lane = replayed.counterexample, replayed.rerun, replayed.lane
+    summary: dict[str, Any] = {
+        "file": replayed.file,
+        "recorded_target": counterexample.target.get("label"),
+        "target": rerun.target.label,
+        "backend": replayed.backend,
+        "status": replayed.status,
+        "verdict": "pass" if rerun.holds else "fail",
+        "outcome": rerun.result.outcome.value,
+        "verdicts": [verdict.to_dict() for verdict in rerun.verdicts],
+        "diverged": rerun.diverged,
+    }
+    if lane is not None:
+        summary["lane"] = {
+            "verdict": "pass" if lane.holds else "fail",
+            "outcome": lane.result.outcome.value,
+            "verdicts": [verdict.to_dict() for verdict in lane.verdicts],
+            "ranks": [
+                {
+                    "rank": end.rank,
+                    "state": trace.state.value,
+                    "exit": end.exitcode,
+                    "reaped": end.reaped,
+                    "backend_error": end.backend_error,
+                }
+                for end, trace in zip(lane.ends, lane.result.ranks, strict=True)
+            ],
+            "watchdog_fired": lane.watchdog_fired,
+            "startup_s": round(lane.startup_s, 3),
+            "run_s": round(lane.run_s, 3),
+            "disagreements": list(replayed.differences),
+        }
+    return summary

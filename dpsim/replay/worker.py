@@ -1,0 +1,190 @@
+"""One rank of the replay lane: a real process, launched like a vLLM worker.
+
+Started as ``python -m dpsim.replay.worker JOB.json``, one process per rank,
+the way ``torchrun`` starts workers (a fresh interpreter; nothing depends on
+the parent's ``__main__``, unlike multiprocessing's spawn). It loads the
+target itself (from the spec, as a worker imports vLLM), joins
+real process groups through a file rendezvous in the run directory (no ports
+to race for), installs a :class:`~dpsim.replay.world.RealWorld` and runs the
+scenario's own per-rank program. Everything it has to say goes to
+``rank-N.jsonl`` in the run directory, flushed line by line, so the parent can
+read it even after killing the process. Marker files (``rank-N.ready``,
+``rank-N.done``) let the parent watch progress with a ``stat``.
+
+A rank that finished stays alive until the parent releases it, as a real
+worker would stay in its serving loop: a peer stuck in a collective then
+really hangs (until the group's timeout), instead of failing fast on a closed
+connection. It asks the kernel to kill it if the parent dies, so no rank
+outlives the lane; it ends with ``os._exit`` so that no teardown (of process
+groups whose peers may be gone) can hang it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: Exit statuses the parent tells apart.
+EXIT_DONE, EXIT_SETUP = 0, 3
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankJob:
+    rank: int
+    ranks: int
+    backend: str  # "gloo" or "nccl"
+    vllm: str | None
+    target_file: str | None
+    case: dict[str, Any]
+    run_dir: str
+    timeout_s: float
+    step_budget: int
+    parent_pid: int
+
+    def path(self, suffix: str) -> Path:
+        return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
+
+    def write(self) -> Path:
+        path = self.path("job.json")
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> RankJob:
+        return cls(**json.loads(path.read_text()))
+
+
+def main(argv: list[str]) -> None:
+    job = RankJob.load(Path(argv[1]))
+    run_rank(job)
+
+
+def run_rank(job: RankJob) -> None:
+    _die_with_parent(job.parent_pid)
+    with job.path("jsonl").open("w") as stream:
+        code = _run(job, stream)
+    os._exit(code)
+
+
+def _run(job: RankJob, stream: Any) -> int:
+    # Imports here, not at module level: the parent imports this module too,
+    # and the heavy part belongs to the child's start-up.
+    from dpsim.replay.world import RankLog
+
+    log = RankLog(stream)
+    try:
+        setup = _set_up(job, log)
+    except BaseException as error:
+        log.write(setup_error=f"{type(error).__name__}: {error}"[:1000])
+        job.path("done").touch()
+        return EXIT_SETUP
+    program, setting, case, world = setup
+    from dpsim.sim.scheduler import StepBudgetExceeded, describe_exception
+    from dpsim.targets import runtime
+
+    with runtime.installed(world):
+        try:
+            returned = program(setting, case, job.rank)
+        except StepBudgetExceeded:
+            log.write(budget=world.steps)
+        except BaseException as error:
+            log.write(raised=describe_exception(error).as_dict(), steps=world.steps)
+        else:
+            log.write(finished=returned, steps=world.steps)
+    job.path("done").touch()
+    _linger(job)
+    return EXIT_DONE
+
+
+def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
+    warnings.filterwarnings("ignore")  # torch's deprecation notes, once per rank
+    import torch
+    import torch.distributed as dist
+
+    from dpsim.replay.world import RealWorld
+    from dpsim.scenarios import Case
+    from dpsim.scenarios.programs import PROGRAMS
+    from dpsim.scenarios.run import setting_for
+    from dpsim.sim import DEFAULT_STEP_BUDGET, DP_CPU_GROUP, EP_GROUP
+    from dpsim.sim.world import DP_DEVICE_GROUP, WORLD_GROUP
+    from dpsim.targets import load_target
+
+    torch.set_num_threads(1)  # N ranks share the host's cores
+    target = load_target(job.vllm, job.target_file)
+    case = Case.from_dict(job.case)
+    setting = setting_for(target, case)
+    timeout = datetime.timedelta(seconds=job.timeout_s)
+    cpu = torch.device("cpu")
+    if job.backend == "nccl":
+        torch.cuda.set_device(job.rank)
+        device = torch.device("cuda", job.rank)
+        world_backend, device_backend = "cpu:gloo,cuda:nccl", "nccl"
+    else:
+        device, world_backend, device_backend = cpu, "gloo", "gloo"
+    dist.init_process_group(
+        world_backend,
+        init_method=f"file://{Path(job.run_dir) / 'store'}",
+        rank=job.rank,
+        world_size=job.ranks,
+        timeout=timeout,
+    )
+    members = list(range(job.ranks))
+    groups = {WORLD_GROUP: dist.group.WORLD}
+    devices = {WORLD_GROUP: cpu}
+    # As vLLM: the DP sync's cpu_group is gloo whatever the device backend.
+    for name, backend, where in (
+        (DP_CPU_GROUP, "gloo", cpu),
+        (DP_DEVICE_GROUP, device_backend, device),
+        (EP_GROUP, device_backend, device),
+    ):
+        groups[name] = dist.new_group(members, backend=backend, timeout=timeout)
+        devices[name] = where
+    world = RealWorld(
+        job.rank,
+        job.ranks,
+        groups,
+        devices,
+        log,
+        job.step_budget or DEFAULT_STEP_BUDGET,
+    )
+    log.write(
+        ready={
+            "pid": os.getpid(),
+            "files": {loaded.module: loaded.sha256 for loaded in target.files},
+        }
+    )
+    job.path("ready").touch()
+    return PROGRAMS[case.scenario], setting, case, world
+
+
+def _linger(job: RankJob) -> None:
+    release = Path(job.run_dir) / "release"
+    # Bounded, should the parent never release us; it kills us before then.
+    deadline = time.monotonic() + job.timeout_s + 60
+    while not release.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Linux: be SIGKILLed when the parent dies, so no rank is ever orphaned."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return  # not Linux: the parent's reaping is the only guard
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_SETUP)  # the parent died before we could ask
+
+
+if __name__ == "__main__":
+    main(sys.argv)

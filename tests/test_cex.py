@@ -1,0 +1,282 @@
+"""Counterexample files: round trips, exact simulated replay, and hostile input.
+
+A file found on a faulty target (hand-written here) or on a real release must
+replay to the same bytes; a file that is not what it claims must be refused in
+one line with exit status 2, whatever is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+from typing import Any
+
+import faulty_targets as faulty
+import pytest
+
+from dpsim import cex
+from dpsim.cex import files
+from dpsim.check import CheckOptions, run_check
+from dpsim.cli import main
+from dpsim.replay import (
+    HOLDS,
+    REPRODUCED,
+    compare,
+    replay_in_sim,
+    resolve_target,
+)
+from dpsim.targets import load_target
+
+pytestmark = pytest.mark.release
+
+
+def _find(target_file: Path | None, vllm: str, out: Path, **options: Any) -> Path:
+    """What `dpsim check --out` does: search, shrink, write the file."""
+    target = load_target(vllm, target_file)
+    report = run_check(
+        target,
+        CheckOptions(
+            scenarios=("step",), profile="contract", properties=("no-hang",), **options
+        ),
+    )
+    failed = report.first_failure
+    assert failed is not None and failed.finding is not None
+    finding = failed.finding
+    names = ("no-hang",)
+    return cex.write(
+        files.build(target, finding.case, finding.result, finding.verdicts, names),
+        out,
+    )
+
+
+@pytest.fixture
+def idle_hang_file(tmp_path: Path) -> Path:
+    source = faulty.write(tmp_path, "dp_utils_idle.py", faulty.IDLE_RETURNS_EARLY)
+    return _find(source, faulty.BASE, tmp_path / "out", ranks=(2, 4), examples=100)
+
+
+def test_a_faulty_targets_counterexample_round_trips_and_replays_byte_for_byte(
+    idle_hang_file: Path,
+) -> None:
+    recorded = cex.read(idle_hang_file)
+    assert files.encode(recorded) == idle_hang_file.read_text()
+    assert recorded.outcome == "hang"
+    assert recorded.verdicts[0]["property"] == "no-hang"
+    resolved = resolve_target(recorded)
+    assert resolved.drift == () and not resolved.overridden
+    rerun = replay_in_sim(recorded, resolved.target)
+    assert not rerun.diverged
+    assert files.canonical(rerun.as_rerun_dict()) == files.canonical(
+        files.recorded_rerun(recorded)
+    )
+    assert compare(recorded, rerun) == REPRODUCED
+
+
+def test_the_real_033_contract_hang_replays_identically(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    found = faulty.find_033_hang(out, capsys)
+    assert main(["replay", str(found)]) == 1
+    shown = capsys.readouterr().out
+    assert "byte for byte" in shown
+    assert "ep#0 never completed: entered by [0], missing [1]" in shown
+    assert main(["replay", str(found), "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == REPRODUCED
+    assert summary["verdicts"] == list(cex.read(found).verdicts)
+
+    # The regression test beside it fails while the bug is there...
+    (regression,) = out.glob("test_*.py")
+    test = runpy.run_path(str(regression))
+    test_function = next(v for k, v in test.items() if k.startswith("test_"))
+    with pytest.raises(AssertionError, match="no-hang: hang"):
+        test_function()
+
+
+def test_another_version_says_whether_the_bug_is_still_there(
+    idle_hang_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = cex.read(idle_hang_file)
+    fix = faulty.write(tmp_path, "fixed.py", faulty.FIXED)
+    fixed = resolve_target(recorded, target_file=fix)
+    assert fixed.overridden
+    rerun = replay_in_sim(recorded, fixed.target)
+    assert compare(recorded, rerun) == HOLDS
+    assert main(["replay", str(idle_hang_file), "--target", str(fix)]) == 0
+    assert "every property holds now" in capsys.readouterr().out
+    # The real 0.20.0 hangs on this case too, in the forward pass instead.
+    release = replay_in_sim(recorded, resolve_target(recorded, vllm=faulty.BASE).target)
+    assert not release.holds
+
+    # The same fault in another file: same verdicts, and the file differs.
+    again = faulty.write(tmp_path, "again.py", faulty.IDLE_RETURNS_EARLY + "\n# copy\n")
+    moved = resolve_target(recorded, target_file=again)
+    assert moved.drift and "sha256" in moved.drift[0]
+    assert compare(recorded, replay_in_sim(recorded, moved.target)) == REPRODUCED
+    assert main(["replay", str(idle_hang_file), "--target", str(again)]) == 1
+
+
+def test_changed_sources_are_warned_about(
+    idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(idle_hang_file.read_text())
+    module = "vllm.v1.worker.gpu.dp_utils"
+    data["target"]["files"][module] = "0" * 64
+    idle_hang_file.write_text(json.dumps(data))
+    assert main(["replay", str(idle_hang_file)]) == 1
+    captured = capsys.readouterr()
+    assert "warning" in captured.err and module in captured.err
+    assert "byte for byte" in captured.out
+
+
+def test_a_regression_test_passes_once_the_bug_is_fixed(
+    idle_hang_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = cex.write_regression_test(idle_hang_file)
+    assert path.name == f"test_{idle_hang_file.stem.replace('-', '_')}.py"
+    test = runpy.run_path(str(path))
+    function = next(v for k, v in test.items() if k.startswith("test_"))
+    with pytest.raises(AssertionError, match="no-hang"):
+        function()
+    fix = faulty.write(tmp_path, "fixed.py", faulty.FIXED)
+    monkeypatch.setenv("DPSIM_TARGET", str(fix))
+    function()
+
+
+# -- hostile and broken files ------------------------------------------------------
+
+
+def _valid() -> dict[str, Any]:
+    case = faulty.step_case(1, 0)
+    target = load_target("0.33.0")
+    from dpsim.properties import judge
+    from dpsim.scenarios import run_case
+
+    result = run_case(target, case)
+    verdicts = tuple(judge(case, result))
+    return files.build(target, case, result, verdicts, ("no-hang",)).to_dict()
+
+
+def _mutations() -> list[tuple[str, Any]]:
+    def set_path(path: tuple[Any, ...], value: Any) -> Any:
+        def mutate(data: dict[str, Any]) -> dict[str, Any]:
+            node: Any = data
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = value
+            return data
+
+        return mutate
+
+    def drop(key: str) -> Any:
+        def mutate(data: dict[str, Any]) -> dict[str, Any]:
+            del data[key]
+            return data
+
+        return mutate
+
+    batch = ("case", "steps", 0, 0)
+    return [
+        ("not an object", lambda data: [data]),
+        ("foreign kind", set_path(("kind",), "something-else")),
+        ("future schema", set_path(("schema",), 99)),
+        ("no case", drop("case")),
+        ("no choices", drop("choices")),
+        ("case is a list", set_path(("case",), [])),
+        ("tokens as text", set_path((*batch, "num_tokens"), "12")),
+        ("tokens as bool", set_path((*batch, "num_tokens"), True)),
+        ("tokens as float", set_path((*batch, "num_tokens"), 1.5)),
+        ("negative tokens", set_path((*batch, "num_tokens"), -1)),
+        ("huge tokens", set_path((*batch, "num_tokens"), 10**30)),
+        ("flag as int", set_path((*batch, "need_eager"), 1)),
+        ("unknown batch key", set_path((*batch, "exec"), "rm -rf /")),
+        ("unknown kind", set_path((*batch, "kind"), "weird")),
+        ("ragged steps", set_path(("case", "steps"), [[{}], []])),
+        ("no steps", set_path(("case", "steps"), [])),
+        ("too many ranks", set_path(("case", "steps"), [[{}] * 5000])),
+        ("dp_size lies", set_path(("case", "dp_size"), 3)),
+        ("unknown scenario", set_path(("case", "scenario"), "__import__")),
+        ("bad policy", set_path(("case", "policy", "cudagraph_mode"), "TURBO")),
+        ("huge policy", set_path(("case", "policy", "capture_sizes"), [1] * 5000)),
+        ("choice out of range", set_path(("choices",), [0, 7])),
+        ("choice as text", set_path(("choices",), ["0"])),
+        ("unknown property", set_path(("properties",), ["no-hang", "os.system"])),
+        ("unknown outcome", set_path(("outcome",), "fine")),
+        ("verdict rank out of range", set_path(("verdicts", 0, "ranks"), [9])),
+        ("bad digest", set_path(("target", "files", "vllm.x"), "not-a-digest")),
+        ("bad module name", set_path(("target", "files"), {"../../etc": "0" * 64})),
+        ("unknown spec kind", set_path(("target", "spec", "kind"), "url")),
+        ("trace is text", set_path(("trace",), "x")),
+        ("version is a number", set_path(("dpsim_version",), 1)),
+    ]
+
+
+@pytest.fixture(scope="module")
+def valid() -> dict[str, Any]:
+    return _valid()
+
+
+@pytest.mark.parametrize(
+    ("label", "mutate"), _mutations(), ids=[label for label, _ in _mutations()]
+)
+def test_a_malformed_file_is_refused_in_one_line(
+    label: str,
+    mutate: Any,
+    valid: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(mutate(json.loads(json.dumps(valid)))))
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpsim: error: ") and len(err.strip().splitlines()) == 1
+    assert str(path) in err
+
+
+@pytest.mark.parametrize(
+    ("label", "content"),
+    [
+        ("empty", b""),
+        ("binary", bytes(range(256))),
+        ("not json", b"{'kind': 'dpsim-counterexample'}"),
+        ("nan", b'{"kind": "dpsim-counterexample", "schema": NaN}'),
+        ("deep", b"[" * 100_000 + b"]" * 100_000),
+        ("giant int", b'{"schema": ' + b"9" * 100_000 + b"}"),
+        ("truncated", b'{"kind": "dpsim-counterexample", "sch'),
+    ],
+)
+def test_garbage_is_refused_in_one_line(
+    label: str, content: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "garbage.json"
+    path.write_bytes(content)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpsim: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_missing_oversized_and_directory_paths_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(tmp_path / "nowhere.json")]) == 2
+    assert main(["replay", str(tmp_path)]) == 2
+    big = tmp_path / "big.json"
+    big.write_text(" " * 2048 + "{}")
+    monkeypatch.setattr(files, "MAX_FILE_BYTES", 1024)
+    assert main(["replay", str(big)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("dpsim: error: ") for line in lines)
+    assert "over" in lines[2]
+
+
+def test_reading_a_valid_file_builds_the_same_case(
+    valid: dict[str, Any], tmp_path: Path
+) -> None:
+    path = tmp_path / "ok.json"
+    path.write_text(json.dumps(valid))
+    read = cex.read(path)
+    assert read.case == faulty.step_case(1, 0)
+    assert read.to_dict() == valid
