@@ -1,0 +1,382 @@
+"""dpsim policy validate: cost figures by hand, workloads, suggestions, report files, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from html.parser import HTMLParser
+from pathlib import Path
+from random import Random
+
+import pytest
+
+from dpsim.capture.policy import CapturePolicy
+from dpsim.check import CheckOptions, CheckReport, Finding, ScenarioRun
+from dpsim.cli import main
+from dpsim.cli.policy import _counts, _render_safety
+from dpsim.costs import (
+    StepCost,
+    Workload,
+    WorkloadError,
+    builtin_workload,
+    measure,
+    resolve_workload,
+    summarise,
+)
+from dpsim.costs.figures import nearest_rank
+from dpsim.costs.safety import SafetyRun
+from dpsim.costs.suggest import best_sizes
+from dpsim.costs.workload import BUILTIN_WORKLOADS, parse_trace
+from dpsim.properties.base import Verdict
+from dpsim.scenarios import Case, RankBatch, run_case
+from dpsim.targets import load_target
+
+# -- figures, by hand ----------------------------------------------------------
+
+# Rank 0 has 3 tokens, rank 1 is idle (passes the 1-token dummy), rank 2 has
+# 5; all run a FULL graph of 8.
+GRAPH_STEP = StepCost(mode="FULL", real=(3, 0, 5), passed=(3, 1, 5), ran=(8, 8, 8))
+EAGER_STEP = StepCost(mode="NONE", real=(4, 2), passed=(4, 2), ran=(4, 2))
+
+
+def test_step_figures_by_hand() -> None:
+    step = GRAPH_STEP
+    assert step.batch_size == 5
+    assert step.real_tokens == 8
+    assert step.padding == 24 - 8
+    # Up to the largest batch (5): 2 + 5 + 0; beyond it to the graph: 3 each.
+    assert step.dp_padding == 7
+    assert step.graph_padding == 9
+    assert step.dp_padding + step.graph_padding == step.padding
+    assert step.padding_share == 2.0
+    assert not step.dp_dominates
+    assert EAGER_STEP.padding == EAGER_STEP.dp_padding == EAGER_STEP.graph_padding == 0
+
+
+def test_summary_by_hand() -> None:
+    cost = summarise("p", 3, 7, [GRAPH_STEP, EAGER_STEP])
+    assert cost.steps == 2
+    assert cost.graphs == 7
+    assert cost.real_tokens == 8 + 6
+    assert cost.padded_tokens == 16
+    assert cost.padding_overall == 16 / 14
+    assert cost.padding_mean == (2.0 + 0.0) / 2
+    # Nearest rank over [0.0, 2.0]: p50 is the 1st value, p99 the 2nd.
+    assert cost.padding_p50 == 0.0
+    assert cost.padding_p99 == 2.0
+    assert cost.mode_share("FULL") == 0.5
+    assert cost.mode_share("NONE") == 0.5
+    assert cost.mode_share("PIECEWISE") == 0.0
+    assert cost.dp_dominated == 0.0
+    dominated = StepCost(mode="FULL", real=(1, 4), passed=(1, 4), ran=(4, 4))
+    assert summarise("p", 2, 1, [dominated, GRAPH_STEP]).dp_dominated == 0.5
+
+
+def test_nearest_rank() -> None:
+    values = list(range(1, 101))
+    assert nearest_rank(values, 50) == 50
+    assert nearest_rank(values, 99) == 99
+    assert nearest_rank([7.0], 99) == 7.0
+
+
+# -- the real target --------------------------------------------------------------
+
+
+@pytest.mark.release
+def test_measure_reads_what_the_real_sync_chose() -> None:
+    target = load_target("0.33.0")
+    policy = CapturePolicy(capture_sizes=(1, 2, 4, 8), max_num_seqs=16)
+    workload = Workload(
+        "hand",
+        (
+            ((1, 1, 1), (1,)),  # uniform decodes, largest 3: FULL graph of 4
+            ((1, 1), ()),  # an idle rank runs the 1-token dummy: FULL 2
+            ((10,), (1,)),  # a 10-token prefill is above every size: eager
+        ),
+    )
+    measured = measure(target, policy, workload)
+    assert measured.outcome == "ok"
+    assert measured.unfinished == 0
+    first, second, third = measured.steps
+    assert (first.mode, first.ran, first.real) == ("FULL", (4, 4), (3, 1))
+    assert (first.dp_padding, first.graph_padding) == (2, 2)
+    assert (second.mode, second.ran, second.real, second.passed) == (
+        "FULL",
+        (2, 2),
+        (2, 0),
+        (2, 1),
+    )
+    assert (second.dp_padding, second.graph_padding) == (2, 0)
+    assert (third.mode, third.ran, third.padding) == ("NONE", (10, 1), 0)
+
+
+# -- suggestions ------------------------------------------------------------------
+
+
+def test_best_sizes_by_hand() -> None:
+    observed = Counter({1: 5, 2: 1, 3: 1, 10: 1})
+    assert best_sizes(observed, 10, 1) == (10,)
+    # {3, 10} pads 1->3, 2->3: 2*5 + 1 = 11; {1, 10} pads 2, 3 -> 10: 15.
+    assert best_sizes(observed, 10, 2) == (3, 10)
+    assert best_sizes(observed, 10, 3) == (1, 3, 10)
+    assert best_sizes(observed, 10, 9) == (1, 2, 3, 10)
+    # Values above the top are left out; the top is always a size.
+    assert best_sizes(Counter({4: 1, 50: 9}), 8, 2) == (4, 8)
+
+
+def _padding(observed: Counter[int], sizes: tuple[int, ...]) -> int:
+    return sum(
+        weight * (min(s for s in sizes if s >= value) - value)
+        for value, weight in observed.items()
+        if value <= max(sizes)
+    )
+
+
+def test_best_sizes_is_optimal_against_brute_force() -> None:
+    rng = Random(3)
+    for _ in range(40):
+        observed = Counter({rng.randint(1, 40): rng.randint(1, 5) for _ in range(7)})
+        top = max(observed)
+        count = rng.randint(1, 4)
+        chosen = best_sizes(observed, top, count)
+        assert top in chosen and len(chosen) <= count
+        others = sorted(set(range(1, top)))
+        least = min(
+            _padding(observed, (*combo, top))
+            for k in range(count)
+            for combo in itertools.combinations(others, k)
+        )
+        assert _padding(observed, chosen) == least
+
+
+# -- workloads --------------------------------------------------------------------
+
+
+def test_trace_forms(tmp_path: Path) -> None:
+    lines = [
+        "# exported from my logs",
+        '{"ranks": [[1, 1, 1], [1, 1, 37], []]}',
+        "",
+        '{"ranks": [{"query_lens": [1, 1]}, {"num_reqs": 3, "num_tokens": 7}, '
+        '{"num_reqs": 0, "num_tokens": 0}]}',
+        '{"ranks": [[], [], []]}',
+    ]
+    workload = parse_trace(lines, "t.jsonl")
+    assert workload.dp_size == 3
+    assert workload.from_trace
+    # The all-idle step is dropped; 7 tokens over 3 requests: 2, 2, 3.
+    assert workload.steps == (
+        ((1, 1, 1), (1, 1, 37), ()),
+        ((1, 1), (2, 2, 3), ()),
+    )
+    # Dealt two to a step, in order: rank batches keep their order.
+    dealt = workload.at_dp_size(2)
+    assert dealt.steps == (
+        ((1, 1, 1), (1, 1, 37)),
+        ((), (1, 1)),
+        ((2, 2, 3), ()),
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "t.jsonl:2: invalid JSON"),
+        ('{"rank": []}', 't.jsonl:2: expected an object with a "ranks" list'),
+        ('{"ranks": [[1]]}', "t.jsonl:2: 1 ranks, but earlier steps have 2"),
+        (
+            '{"ranks": [[1], [0]]}',
+            "t.jsonl:2: rank 1: query lengths must be integers >= 1",
+        ),
+        ('{"ranks": [[1], "x"]}', "t.jsonl:2: rank 1: a rank is a list"),
+        (
+            '{"ranks": [[1], {"num_reqs": 4, "num_tokens": 2}]}',
+            "t.jsonl:2: rank 1: 4 requests cannot hold 2 tokens",
+        ),
+        (
+            '{"ranks": [[1], {"query_lens": [1, 2], "num_tokens": 5}]}',
+            "t.jsonl:2: rank 1: num_tokens 5 does not match query_lens (3)",
+        ),
+        ('{"ranks": [[1], {"lens": [1]}]}', "t.jsonl:2: rank 1: unknown key 'lens'"),
+        ('{"ranks": [[1], [1]], "extra": 1}', "t.jsonl:2: unknown key 'extra'"),
+    ],
+)
+def test_trace_errors_name_file_and_line(line: str, message: str) -> None:
+    with pytest.raises(WorkloadError) as error:
+        parse_trace(['{"ranks": [[1], [1]]}', line], "t.jsonl")
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_trace_without_work_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(WorkloadError, match="no step with work"):
+        parse_trace(['{"ranks": [[], []]}'], "t.jsonl")
+    with pytest.raises(WorkloadError, match="no such workload file"):
+        resolve_workload(str(tmp_path / "missing.jsonl"), 2, 10, 0)
+    with pytest.raises(WorkloadError, match="unknown workload 'heavy'"):
+        resolve_workload("heavy", 2, 10, 0)
+
+
+@pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
+def test_builtin_workloads_are_seeded_and_capped(name: str) -> None:
+    first = builtin_workload(name, 4, 30, seed=1, max_reqs=16)
+    assert first == builtin_workload(name, 4, 30, seed=1, max_reqs=16)
+    assert first != builtin_workload(name, 4, 30, seed=2, max_reqs=16)
+    assert all(len(step) == 4 for step in first.steps)
+    assert all(len(lengths) <= 16 for step in first.steps for lengths in step)
+    assert all(any(step) for step in first.steps)
+
+
+# -- the command -------------------------------------------------------------------
+
+
+class _Tags(HTMLParser):
+    """Collects tags and checks that every opened element is closed in order."""
+
+    VOID = frozenset({"meta", "img", "br", "link"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.seen: Counter[str] = Counter()
+        self.images: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.seen[tag] += 1
+        if tag == "img":
+            self.images.append(dict(attrs).get("src") or "")
+        elif tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        assert self.stack and self.stack[-1] == tag, (self.stack, tag)
+        self.stack.pop()
+
+
+def _policy(tmp_path: Path, name: str, sizes: list[int]) -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f"capture_sizes = {sizes}\nmax_num_seqs = 32\n")
+    return path
+
+
+@pytest.mark.release
+def test_validate_writes_a_report_and_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small = _policy(tmp_path, "small", [1, 2, 4, 8])
+    wide = _policy(tmp_path, "wide", [1, 2, 4, 8, 16, 32, 64])
+    out = tmp_path / "report"
+    common = ["--vllm", "0.33.0", "--steps", "12", "--ranks", "2,4", "--out", str(out)]
+    arguments = ["policy", "validate", str(wide), str(small), *common]
+    assert main([*arguments, "--examples", "0", "--suggest", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "DP 2 (12 steps)" in text and "DP 4 (12 steps)" in text
+    assert "suggested" in text and "result: PASS" in text
+    for name in ("padding.png", "modes.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    parser = _Tags()
+    parser.feed((out / "report.html").read_text())
+    parser.close()
+    assert parser.stack == []
+    assert parser.seen["table"] == 2
+    assert len(parser.images) == 2
+    assert all(src.startswith("data:image/png;base64,iVBOR") for src in parser.images)
+    costs = json.loads((out / "costs.json").read_text())
+    assert {(c["policy"], c["dp_size"]) for c in costs["costs"]} == {
+        (p, d) for p in ("wide", "small", "suggested") for d in (2, 4)
+    }
+
+    assert main([*arguments, "--examples", "5", "--profile", "caller", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["verdict"] == "pass"
+    assert [(s["policy"], s["profile"]) for s in summary["safety"]] == [
+        ("wide", "caller"),
+        ("small", "caller"),
+    ]
+
+
+def _safety_run(profile: str, tokens: tuple[int, int]) -> SafetyRun:
+    """A check that failed no-hang on a hand-built 2-rank case."""
+    target = load_target("0.33.0")
+    case = Case(
+        scenario="step",
+        profile=profile,
+        policy=CapturePolicy(capture_sizes=(1, 2)),
+        steps=((RankBatch(1, tokens[0], need_eager=True), RankBatch(0, tokens[1])),),
+    )
+    finding = Finding(
+        case, run_case(target, case), (Verdict("no-hang", "step 0", (0,), "hang"),)
+    )
+    options = CheckOptions(profile=profile, examples=1)
+    report = CheckReport(target, options, (ScenarioRun("step", 1, 0.0, finding),))
+    return SafetyRun("p", profile, report)
+
+
+@pytest.mark.release
+def test_the_known_finding_is_shown_and_counted_only_when_strict() -> None:
+    # A busy rank beside a 0-token rank, failing no-hang: README finding 1.
+    known = _safety_run("contract", (1, 0))
+    assert known.known
+    assert not _counts(known, strict=False)
+    assert _counts(known, strict=True)
+    text = _render_safety([known], {0: Path("cex.json")}, strict=False)
+    assert "FAIL no-hang in step [known vLLM finding, not counted]" in text
+    assert "written: cex.json" in text
+    # The same failure without an idle rank, or under the caller profile, is not.
+    for other in (_safety_run("contract", (1, 1)), _safety_run("caller", (1, 0))):
+        assert not other.known
+        assert _counts(other, strict=False)
+
+
+@pytest.mark.release
+def test_validate_a_real_counterexample_exits_1(
+    per_rank_padding: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = _policy(tmp_path, "small", [1, 2, 4, 8])
+    arguments = ["policy", "validate", str(policy), "--vllm", "0.20.0"]
+    arguments += ["--target", str(per_rank_padding), "--profile", "caller"]
+    arguments += ["--ranks", "2", "--steps", "5", "--examples", "100"]
+    assert main([*arguments, "--out", str(tmp_path / "out")]) == 1
+    text = capsys.readouterr().out
+    assert "counterexample (shrunk)" in text
+    assert "replay:  dpsim replay" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--workload", "nosuch"], "unknown workload 'nosuch'"),
+        (["--ranks", "0"], "--ranks '0': every DP size must be >= 1"),
+        (["--ranks", "a,b"], "--ranks 'a,b': expected N"),
+        (["--steps", "0"], "--steps must be at least 1"),
+        (["--suggest", "0"], "--suggest: the budget must be at least 1 graph"),
+    ],
+)
+@pytest.mark.release
+def test_validate_usage_errors_exit_2(
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    policy = _policy(tmp_path, "small", [1, 2, 4])
+    arguments = ["policy", "validate", str(policy), "--vllm", "0.33.0"]
+    assert main([*arguments, "--examples", "0", *extra]) == 2
+    error = capsys.readouterr().err
+    assert message in error
+    assert error.count("\n") == 1
+
+
+@pytest.mark.release
+def test_validate_bad_trace_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = _policy(tmp_path, "small", [1, 2, 4])
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"ranks": [[1], [1]]}\n{"ranks": [[1], [-3]]}\n')
+    arguments = ["policy", "validate", str(policy), "--workload", str(trace)]
+    assert main([*arguments, "--examples", "0", "--vllm", "0.33.0"]) == 2
+    assert f"{trace}:2: rank 1: query lengths must be integers >= 1" in (
+        capsys.readouterr().err
+    )
