@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from dpsim import cex
+from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
+from dpsim.scenarios import Case, RankBatch, run_case
 from dpsim.targets import load_target
 
 pytestmark = pytest.mark.release
@@ -120,14 +122,20 @@ def test_cli_bad_input_is_one_line_exit_2(
     assert len(err) == 1 and message in err[0]
 
 
-def test_real_finding_contract_profile_idle_rank_in_an_eager_step_hangs() -> None:
-    """Documented in README: a 0-token rank amid busy ranks, in a step some rank
-    makes eager, gets a 0-token descriptor; vLLM's model runner reads that as
-    "no rank has work" and skips the forward while the others run it."""
-    report = run_check(
-        load_target("0.33.0"), CheckOptions(scenarios=("step",), profile="contract")
-    )
-    finding = report.runs[0].finding
-    assert finding is not None and finding.primary.property == "no-hang"
-    kinds = {batch.kind for batch in finding.case.steps[0]}
-    assert kinds == {"idle", "batch"}
+def test_real_finding_an_idle_rank_in_a_busy_eager_step_is_told_zero_tokens() -> None:
+    """Documented in README: a 0-token rank amid busy ranks, in a step that runs
+    eager, gets a 0-token descriptor although an agreement exists (someone has
+    work). vLLM's model runner skips the forward on ``batch_desc.num_tokens ==
+    0``, so that rank would skip the MoE collectives its peers enter: a hang.
+    dpsim's forward model branches on the agreement, as DPSyncState asks."""
+    target = load_target("0.33.0")
+    policy = CapturePolicy(capture_sizes=(1,), cudagraph_mode="FULL", max_num_seqs=16)
+    busy = RankBatch(num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1)
+    idle = RankBatch(num_reqs=0, num_tokens=0, kind="idle")
+    result = run_case(target, Case("step", "contract", policy, ((busy, idle),)))
+    busy_sync, idle_sync = (trace.events[0].payload for trace in result.ranks)
+    assert busy_sync["descriptor"]["num_tokens"] == 1
+    assert idle_sync["descriptor"]["num_tokens"] == 0  # vLLM's skip signal...
+    assert idle_sync["agreement"] is not None  # ...while the ranks agreed to run
+    assert idle_sync["agreement"]["eager"] is True
+    assert result.outcome.value == "ok"  # branching on the agreement, nobody hangs

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from .case import Case, RankBatch
-from .ranks import RankSetting, forward, sync
+from .ranks import RankSetting, forward, no_rank_has_work, sync
 
 RankProgram = Callable[[RankSetting, Case, int], Any]
 
@@ -32,8 +32,10 @@ def _stepping(label: str, *, with_manager: bool) -> RankProgram:
     def program(setting: RankSetting, case: Case, rank: int) -> None:
         manager = setting.manager if with_manager else None
         for index, step in enumerate(case.steps):
-            descriptor, _ = sync(setting, rank, f"{label} {index}", manager, step[rank])
-            forward(descriptor)
+            descriptor, agreement = sync(
+                setting, rank, f"{label} {index}", manager, step[rank]
+            )
+            forward(descriptor, agreement)
 
     return program
 
@@ -50,8 +52,10 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
         descriptor, agreement = sync(
             setting, rank, f"step {index}", setting.manager, batch
         )
-        forward(descriptor)
-        if descriptor.num_tokens == 0 or getattr(agreement, "skip_drafts", False):
+        forward(descriptor, agreement)
+        if no_rank_has_work(descriptor, agreement) or getattr(
+            agreement, "skip_drafts", False
+        ):
             continue
         # The drafter's prefill runs the target's padded batch shape.
         prefill = RankBatch(
@@ -61,7 +65,7 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             need_eager=batch.need_eager and batch.kind == "profile",
             kind=batch.kind,
         )
-        prefill_descriptor, _ = sync(
+        prefill_descriptor, prefill_agreement = sync(
             setting,
             rank,
             f"drafter prefill {index}",
@@ -69,7 +73,7 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             prefill,
             reuse=agreement if reuse else None,
         )
-        forward(prefill_descriptor)
+        forward(prefill_descriptor, prefill_agreement)
         # One token per request per further draft step.
         decode = replace(
             prefill,
@@ -78,14 +82,14 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             max_query_len=None,
         )
         for draft in range(1, case.num_speculative_steps):
-            decode_descriptor, _ = sync(
+            decode_descriptor, decode_agreement = sync(
                 setting,
                 rank,
                 f"drafter decode {index}.{draft}",
                 setting.drafter_decode_manager,
                 decode,
             )
-            forward(decode_descriptor)
+            forward(decode_descriptor, decode_agreement)
 
 
 PROGRAMS: dict[str, RankProgram] = {

@@ -102,14 +102,26 @@ def sync(
     return descriptor, native_agreement
 
 
-def forward(descriptor: Descriptor) -> None:
+def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:
+    """Whether the sync said that no rank has work, so every rank skips the step.
+
+    Judged by the agreement, which is identical on every rank (its docstring
+    asks callers to branch on it), not by this rank's own token count: a rank
+    with no tokens of its own in a busy eager step must still join its peers'
+    collectives. (vLLM's model runner branches on ``batch_desc.num_tokens``
+    instead; README, "What dpsim found", shows where that goes wrong.)
+    """
+    return agreement is None and descriptor.num_tokens == 0
+
+
+def forward(descriptor: Descriptor, agreement: Any) -> None:
     """The collectives a forward pass with ``descriptor`` issues on the EP group.
 
     A replayed graph has a fixed shape, so every rank's MoE dispatch moves the
     padded per-microbatch count; eager ranks exchange their real counts
-    instead. A descriptor with no tokens means vLLM skips the forward.
+    instead. When no rank has work, no rank runs a forward.
     """
-    if descriptor.num_tokens == 0:
+    if no_rank_has_work(descriptor, agreement):
         return
     world = program_world()
     group = world.group(EP_GROUP)
