@@ -164,7 +164,8 @@ def _check_scenario(
         max_examples=options.examples,
         database=options.database,
         deadline=None,
-        phases=(Phase.generate, Phase.shrink),
+        # reuse: a database given is replayed first (a no-op without one).
+        phases=(Phase.reuse, Phase.generate, Phase.shrink),
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
     )
@@ -173,7 +174,9 @@ def _check_scenario(
             strategy,
             fails,
             settings=config,
-            random=Random(options.seed),
+            # Hypothesis turns the database off for a seeded search; with one,
+            # its stored examples come first and generation is not pinned.
+            random=Random(options.seed) if options.database is None else None,
             database_key=_database_key(target, scenario, options)
             if options.database is not None
             else None,

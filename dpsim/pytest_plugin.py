@@ -1,6 +1,13 @@
-"""pytest integration: run dpsim's property suite under pytest (and pytest-xdist).
+"""pytest integration: run dpsim's property suite from any checkout.
 
-Options (each also read from an environment variable, so CI can set them once):
+Installed with dpsim as a ``pytest11`` entry point, so in a vLLM checkout
+
+  pytest --pyargs dpsim.suite --dpsim-vllm .
+
+runs the suite against that tree (add ``-n auto`` for pytest-xdist and
+``--junitxml FILE`` for CI). Options, each also read from an environment
+variable so CI can set them once (and HypoFuzz, which runs the tests outside
+pytest's configuration, sees them too):
 
   --dpsim-vllm SPEC       DPSIM_VLLM       release, source tree or package dir
   --dpsim-target FILE     DPSIM_TARGET     a dp_utils.py run against --dpsim-vllm
@@ -8,35 +15,41 @@ Options (each also read from an environment variable, so CI can set them once):
   --dpsim-profile NAME    DPSIM_PROFILE    caller (default) or contract
   --dpsim-ranks LO..HI    DPSIM_RANKS      DP sizes (default 2..16)
   --dpsim-out DIR         DPSIM_OUT        where counterexample files go
-  --dpsim-db DIR          DPSIM_HYPOTHESIS_DB  a shared Hypothesis example database
+  --dpsim-db URL          DPSIM_HYPOTHESIS_DB  shared example database
+                                           (see dpsim.database)
+  --dpsim-examples N      DPSIM_EXAMPLES   examples per scenario
 
 Hypothesis settings profiles ``dev`` (fast), ``ci`` and ``nightly`` are
 registered; pick one with Hypothesis' own ``--hypothesis-profile`` (default
-``ci`` under CI=true, else ``dev``).
+``ci`` under CI=true, else ``dev``). They apply to the dpsim suite only: this
+plugin is loaded in every pytest session of an environment that has dpsim, so
+it never changes the settings of anyone else's tests.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import HealthCheck, Phase, settings
 
-from dpsim.capture.policy import CapturePolicy, load_policy
-from dpsim.targets import load_target
-from dpsim.targets.load import Target
+from dpsim.errors import UsageError
+from dpsim.suite.config import SuiteConfig, SuiteOptions, resolve
+
+__all__ = ["SuiteConfig", "current_suite", "suite_options", "suite_settings"]
 
 _BASE = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    # No explain phase: it reruns the minimal case a hundred times to annotate
+    # Hypothesis' own report, and the suite prints a per-rank table instead.
+    phases=tuple(phase for phase in Phase if phase != Phase.explain),
 )
 settings.register_profile("dev", parent=_BASE, max_examples=40)
 settings.register_profile("ci", parent=_BASE, max_examples=150)
 settings.register_profile("nightly", parent=_BASE, max_examples=5000)
-settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 _OPTIONS = (
     ("vllm", "DPSIM_VLLM", "release, source tree or vllm package dir to test"),
@@ -45,19 +58,26 @@ _OPTIONS = (
     ("profile", "DPSIM_PROFILE", "generator profile: caller (default) or contract"),
     ("ranks", "DPSIM_RANKS", "DP sizes as LO..HI (default 2..16)"),
     ("out", "DPSIM_OUT", "directory for counterexample files (default dpsim-out)"),
-    ("db", "DPSIM_HYPOTHESIS_DB", "directory of a shared Hypothesis example database"),
+    (
+        "db",
+        "DPSIM_HYPOTHESIS_DB",
+        "shared Hypothesis example database: DIR, redis://HOST:PORT/N, "
+        "github:OWNER/REPO[:ARTIFACT] or none",
+    ),
+    ("examples", "DPSIM_EXAMPLES", "examples per scenario (overrides the profile)"),
 )
 
 
 @dataclass(frozen=True)
-class SuiteConfig:
-    """What the property suite runs against, resolved once per session."""
+class _Configured:
+    options: SuiteOptions
+    #: Settings the flags override (database, max_examples).
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: Whether --hypothesis-profile was given (then it is the parent).
+    explicit_profile: bool = False
 
-    target: Target
-    policy: CapturePolicy | None
-    profile: str
-    ranks: tuple[int, int]
-    out: Path
+
+_configured: _Configured | None = None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -68,37 +88,79 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         )
 
 
-def _option(config: pytest.Config, name: str, variable: str) -> str | None:
-    value = config.getoption(f"--dpsim-{name}")
-    return value if value is not None else os.environ.get(variable) or None
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    database_dir = _option(config, "db", "DPSIM_HYPOTHESIS_DB")
-    if database_dir:
-        # Every worker reading and writing one directory is how CI runners share
-        # what they found: a failure saved by one is replayed first by the rest.
-        current = settings()
-        settings.register_profile(
-            "dpsim-shared-db",
-            parent=current,
-            database=DirectoryBasedExampleDatabase(database_dir),
+    global _configured
+    values = {name: config.getoption(f"--dpsim-{name}") for name, _, _ in _OPTIONS}
+    try:
+        _configured = _configure(
+            values, config.getoption("hypothesis_profile", None) is not None
         )
-        settings.load_profile("dpsim-shared-db")
+    except UsageError as error:
+        raise pytest.UsageError(f"dpsim: {error}") from None
+
+
+def _configure(values: dict[str, str | None], explicit_profile: bool) -> _Configured:
+    merged = {
+        name: values.get(name) or os.environ.get(variable) or None
+        for name, variable, _ in _OPTIONS
+    }
+    options = SuiteOptions(
+        vllm=merged["vllm"],
+        target=merged["target"],
+        policy=merged["policy"],
+        profile=merged["profile"] or "caller",
+        ranks=merged["ranks"] or "2..16",
+        out=merged["out"] or "dpsim-out",
+    )
+    options.validate()
+    overrides: dict[str, Any] = {}
+    if merged["db"]:
+        from dpsim.database import open_database
+
+        overrides["database"] = open_database(merged["db"])
+    if merged["examples"]:
+        try:
+            examples = int(merged["examples"])
+        except ValueError:
+            examples = 0
+        if examples < 1:
+            raise UsageError(
+                f"--dpsim-examples {merged['examples']!r}: expected a positive number"
+            )
+        overrides["max_examples"] = examples
+    return _Configured(options, overrides, explicit_profile)
+
+
+def _current() -> _Configured:
+    # Outside a pytest session (HypoFuzz workers, plain imports) the
+    # environment is all there is.
+    return _configured if _configured is not None else _configure({}, False)
+
+
+def suite_options() -> SuiteOptions:
+    return _current().options
+
+
+def suite_settings() -> settings:
+    """The settings the suite's tests run under in this session."""
+    configured = _current()
+    if configured.explicit_profile:
+        parent = settings.default
+    else:
+        parent = settings.get_profile("ci" if os.environ.get("CI") else "dev")
+    return settings(
+        parent,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        **configured.overrides,
+    )
+
+
+def current_suite() -> SuiteConfig:
+    """What the suite runs against (loaded on first use, then cached)."""
+    return resolve(suite_options())
 
 
 @pytest.fixture(scope="session")
-def dpsim_suite(pytestconfig: pytest.Config) -> SuiteConfig:
-    from dpsim.cli.check import parse_ranks
-
-    values = {
-        name: _option(pytestconfig, name, variable) for name, variable, _ in _OPTIONS
-    }
-    policy_file = values["policy"]
-    return SuiteConfig(
-        target=load_target(values["vllm"], values["target"]),
-        policy=load_policy(Path(policy_file)) if policy_file else None,
-        profile=values["profile"] or "caller",
-        ranks=parse_ranks(values["ranks"] or "2..16"),
-        out=Path(values["out"] or "dpsim-out"),
-    )
+def dpsim_suite() -> SuiteConfig:
+    return current_suite()

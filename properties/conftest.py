@@ -1,3 +1,6 @@
-"""The property suite's pytest set-up lives in dpsim's plugin (options, profiles)."""
+"""The suite's options and profiles come from dpsim's pytest plugin.
 
-pytest_plugins = ["dpsim.pytest_plugin"]
+It is registered through the ``pytest11`` entry point of the installed
+package, so nothing is listed here: naming it in ``pytest_plugins`` as well
+would register it twice.
+"""

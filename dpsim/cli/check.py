@@ -17,6 +17,7 @@ from typing import Any
 from dpsim import cex
 from dpsim.capture.policy import load_policy
 from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, CheckReport, run_check
+from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
@@ -80,6 +81,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", default="dpsim-out", metavar="DIR", help="where counterexamples go"
     )
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="shared example database, replayed first and added to (generation "
+        "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
+    )
     parser.add_argument("--json", action="store_true", help="print one summary object")
     parser.set_defaults(run=run)
 
@@ -122,6 +129,7 @@ def run(arguments: argparse.Namespace) -> int:
         policy=load_policy(Path(arguments.policy)) if arguments.policy else None,
         examples=arguments.examples,
         seed=arguments.seed,
+        database=open_database(arguments.db) if arguments.db else None,
     )
     progress = _Progress(target) if sys.stderr.isatty() and not arguments.json else None
     try:

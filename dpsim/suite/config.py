@@ -1,0 +1,96 @@
+"""What the suite runs against: the user's spelling, and what it resolves to.
+
+Kept apart from the tests themselves, and free of heavy imports, because the
+pytest plugin imports it in every pytest session of an environment that has
+dpsim; torch and the target are loaded only when a suite test first runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dpsim.errors import UsageError
+
+if TYPE_CHECKING:
+    from dpsim.capture.policy import CapturePolicy
+    from dpsim.targets.load import Target
+
+#: Bumped when the meaning of a stored example changes, so old ones are not
+#: replayed as unrelated cases.
+KEY_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    """What the property suite runs against, resolved once per process."""
+
+    target: Target
+    policy: CapturePolicy | None
+    profile: str
+    ranks: tuple[int, int]
+    out: Path
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """The suite's settings as a user spells them (flags or environment)."""
+
+    vllm: str | None = None
+    target: str | None = None
+    policy: str | None = None
+    profile: str = "caller"
+    ranks: str = "2..16"
+    out: str = "dpsim-out"
+
+    def validate(self) -> None:
+        """Refuse a bad profile early; ranks are parsed where they are used,
+        since their parser lives with torch-importing code."""
+        profiles = ("caller", "contract")  # dpsim.scenarios.PROFILES, without torch
+        if self.profile not in profiles:
+            raise UsageError(
+                f"profile {self.profile!r}: expected one of {', '.join(profiles)}"
+            )
+
+    def database_key(self, scenario: str) -> bytes:
+        """The example-database key of one scenario's test.
+
+        The target is left out on purpose: a failure found on one tree must be
+        replayed on the next (a fix deletes it). What shapes the generated
+        cases is kept in, so one configuration never replays, and then
+        deletes as stale, another's counterexamples.
+        """
+        from dpsim.cli.check import parse_ranks
+
+        low, high = parse_ranks(self.ranks)
+        policy = "any"
+        if self.policy:
+            try:
+                content = Path(self.policy).read_bytes()
+            except OSError:
+                content = self.policy.encode()
+            policy = hashlib.sha256(content).hexdigest()[:16]
+        return (
+            f"dpsim-suite/v{KEY_VERSION}/{scenario}/{self.profile}/"
+            f"{low}..{high}/{policy}"
+        ).encode()
+
+
+@functools.lru_cache(maxsize=8)
+def resolve(options: SuiteOptions) -> SuiteConfig:
+    """Load the target and policy once per process and configuration."""
+    from dpsim.capture.policy import load_policy
+    from dpsim.cli.check import parse_ranks
+    from dpsim.targets import load_target
+
+    options.validate()
+    return SuiteConfig(
+        target=load_target(options.vllm, options.target),
+        policy=load_policy(Path(options.policy)) if options.policy else None,
+        profile=options.profile,
+        ranks=parse_ranks(options.ranks),
+        out=Path(options.out),
+    )
