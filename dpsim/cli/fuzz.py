@@ -1,0 +1,235 @@
+"""``dpsim fuzz``: run the property suite continuously across N processes.
+
+Exit status: 0 when nothing failed, 1 when a property failed (each
+counterexample is written under --out) or a worker broke, 2 on a usage or
+target error. Ctrl-C stops cleanly; a second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import IO, Any
+
+from dpsim.cli.check import add_target_arguments
+from dpsim.database import LOCAL_DIRECTORY
+from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
+from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
+from dpsim.scenarios import PROFILES, SCENARIOS
+from dpsim.suite.config import SuiteOptions
+
+HELP = "fuzz the property suite continuously, N processes sharing one database"
+EPILOG = f"""\
+examples:
+  dpsim fuzz --for 10m                       every core, newest release
+  dpsim fuzz --vllm ~/src/vllm --workers 8 --db /shared/dpsim-db
+  dpsim fuzz --vllm 0.33.0 --db redis://fuzz-db:6379/0     one of a fleet
+
+Every worker runs the same Hypothesis tests as `pytest --pyargs dpsim.suite`,
+under the same database keys: a failure any worker (or CI run) saved is
+replayed first by all the others. The database defaults to {LOCAL_DIRECTORY},
+Hypothesis' own, so a later pytest run in this directory replays what the
+campaign found. Each new counterexample is written to --out.
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "fuzz",
+        help=HELP,
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="worker processes (default: one per core)",
+    )
+    parser.add_argument(
+        "--for",
+        dest="duration",
+        metavar="DURATION",
+        help="stop after this long: 90s, 15m, 2h (default: until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--db",
+        default=str(LOCAL_DIRECTORY),
+        metavar="URL",
+        help="shared example database: DIR, redis://HOST:PORT/N or "
+        f"github:OWNER/REPO (default {LOCAL_DIRECTORY})",
+    )
+    parser.add_argument(
+        "--out", default="dpsim-out", metavar="DIR", help="where counterexamples go"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME",
+        choices=SCENARIOS,
+        help="fuzz only this scenario (repeatable; default: all)",
+    )
+    parser.add_argument("--profile", default="caller", choices=PROFILES)
+    parser.add_argument("--ranks", default="2..16", metavar="LO..HI")
+    parser.add_argument(
+        "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=DEFAULT_BATCH,
+        metavar="N",
+        help=f"examples per round before a worker moves on (default {DEFAULT_BATCH})",
+    )
+    parser.add_argument("--json", action="store_true", help="print one summary object")
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    options = CampaignOptions(
+        suite=SuiteOptions(
+            vllm=arguments.vllm,
+            target=arguments.target,
+            policy=arguments.policy,
+            profile=arguments.profile,
+            ranks=arguments.ranks,
+            out=arguments.out,
+        ),
+        database=arguments.db,
+        workers=arguments.workers,
+        scenarios=tuple(dict.fromkeys(arguments.scenario)),
+        duration=parse_duration(arguments.duration) if arguments.duration else None,
+        batch=max(1, arguments.batch),
+        grace=DEFAULT_GRACE,
+    )
+    status = StatusLine(sys.stderr)
+    try:
+        tally = run_campaign(options, status.announce, status.redraw)
+    finally:
+        status.close()
+    if arguments.json:
+        print(json.dumps(summary(tally), sort_keys=True))
+    else:
+        print(render(tally))
+    return 1 if tally.failures or tally.errors else 0
+
+
+class StatusLine:
+    """One line redrawn in place on a terminal; elsewhere (CI logs) a line
+    every 30 seconds, so a long campaign still shows it is alive."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every = 0.2 if self.tty else 30.0
+        self.last = time.monotonic()
+        self.drawn = False
+
+    def announce(self, text: str) -> None:
+        self._clear()
+        self.stream.write(f"dpsim fuzz: {text}\n")
+        self.stream.flush()
+
+    def redraw(self, tally: Tally) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        line = status_text(tally)
+        if self.tty:
+            self.stream.write("\r" + line[:160].ljust(160))
+            self.drawn = True
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        if self.drawn:
+            self.stream.write("\r" + " " * 160 + "\r")
+            self.drawn = False
+
+
+def status_text(tally: Tally) -> str:
+    elapsed = tally.elapsed
+    clock = _clock(elapsed) + (
+        f"/{_clock(tally.duration)}" if tally.duration is not None else ""
+    )
+    rate = tally.total / elapsed if elapsed > 0 else 0.0
+    covered = sum(1 for name in tally.scenarios if tally.examples.get(name))
+    per_scenario = " ".join(
+        f"{name} {tally.examples.get(name, 0):,}" for name in tally.scenarios
+    )
+    holding, pairs = tally.checks
+    return (
+        f"fuzz {clock} · {tally.workers} workers · {tally.total:,} examples "
+        f"({rate:.0f}/s) · scenarios {covered}/{len(tally.scenarios)} "
+        f"({per_scenario}) · properties holding {holding}/{pairs} · "
+        f"failures {len(tally.failures)}"
+    )
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def render(tally: Tally) -> str:
+    reason = {
+        "deadline": "stopped at the deadline",
+        "interrupted": "stopped on Ctrl-C",
+        "finished": "every scenario failed or broke",
+    }.get(tally.stopping or "", "stopped")
+    lines = [
+        f"dpsim fuzz: {tally.target}, {tally.workers} workers, "
+        f"{tally.total:,} examples in {tally.elapsed:.1f}s, {reason}"
+    ]
+    failed = {failure.scenario: failure for failure in tally.failures}
+    for name in tally.scenarios:
+        failure = failed.get(name)
+        state = f"FAIL  {failure.message}" if failure else "held"
+        lines.append(f"  {name:<8} {tally.examples.get(name, 0):>9,} examples  {state}")
+    for failure in tally.failures:
+        if failure.path is not None:
+            lines.append(f"written: {failure.path}")
+            lines.append(f"replay:  dpsim replay {failure.path}")
+    lines.extend(f"error: {error}" for error in tally.errors)
+    verdict = "FAIL" if tally.failures or tally.errors else "PASS"
+    lines.append(
+        f"result: {verdict}: {len(tally.failures)} failure(s), "
+        f"{len(tally.errors)} error(s)"
+    )
+    return "\n".join(lines)
+
+
+def summary(tally: Tally) -> dict[str, Any]:
+    return {
+        "verdict": "fail" if tally.failures or tally.errors else "pass",
+        "target": tally.target,
+        "workers": tally.workers,
+        "pids": tally.pids,
+        "stopped": tally.stopping,
+        "seconds": round(tally.elapsed, 3),
+        "examples": tally.total,
+        "scenarios": {name: tally.examples.get(name, 0) for name in tally.scenarios},
+        "failures": [
+            {
+                "scenario": failure.scenario,
+                "property": failure.property,
+                "message": failure.message,
+                "counterexample": str(failure.path) if failure.path else None,
+            }
+            for failure in tally.failures
+        ],
+        "errors": tally.errors,
+    }
