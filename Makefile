@@ -11,7 +11,7 @@ TORCH_SPEC ?= torch==2.13.0
 TEST_RELEASES ?= 0.17.0 0.18.0 0.20.0 0.24.0 0.28.0 0.29.0 0.30.0 0.32.0 0.33.0
 PYTEST_WORKERS ?= auto
 
-.PHONY: setup check test bench lint fetch clean
+.PHONY: setup check test bench lint fetch redis-server clean
 
 $(STAMP): pyproject.toml Makefile
 	@if [ ! -x $(BIN)/python ]; then \
@@ -35,7 +35,20 @@ fetch: setup
 check: setup
 	$(BIN)/dpsim check
 
-test: fetch
+# The Redis example-database test runs a real server on loopback (started and
+# stopped by the test). Install one where this machine allows it (root with
+# apt-get); elsewhere that test skips and says why.
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "setup: installing redis-server for the Redis example-database test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends redis-server >/dev/null; \
+	else \
+	  echo "setup: no redis-server and no root/apt-get to install it; its test will skip"; \
+	fi
+
+test: fetch redis-server
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q
 
 bench: setup

@@ -1,0 +1,146 @@
+"""dpsim fuzz: stops at its deadline and on Ctrl-C, leaves nothing running,
+and writes every counterexample it reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from suite_faults import OWN_PADDING, RELEASE, write_faulty
+
+from dpsim import cex
+from dpsim.cli import main
+from dpsim.errors import UsageError
+from dpsim.fuzz import parse_duration
+
+pytestmark = pytest.mark.release
+
+
+def _fuzz_command(target: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        "from dpsim.cli import run; run()",
+        "fuzz",
+        "--vllm",
+        RELEASE,
+        "--target",
+        str(target),
+        "--workers",
+        "2",
+        "--ranks",
+        "2..3",
+        "--batch",
+        "20",
+        # profile holds on this target and keeps the workers busy until told
+        # to stop; step breaks, and is shrunk and written.
+        "--scenario",
+        "step",
+        "--scenario",
+        "profile",
+        "--db",
+        str(tmp_path / "db"),
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        *extra,
+    ]
+
+
+def _start(command: list[str], cwd: Path) -> subprocess.Popen[str]:
+    # A session of its own: Ctrl-C is sent to a process group, as a terminal
+    # does, and whatever is left of the group afterwards is a leak.
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _left_in_group(group: int) -> list[int]:
+    left = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state, [2] the process group; zombies are gone in
+        # all but name (and their parent has exited).
+        if int(fields[2]) == group and fields[0] != "Z":
+            left.append(int(entry.name))
+    return left
+
+
+def _assert_clean_exit(process: subprocess.Popen[str], out: Path) -> dict[str, object]:
+    stdout, _ = process.communicate(timeout=120)
+    summary = json.loads(stdout)
+    # The coordinator has exited; multiprocessing's helper may take a moment.
+    deadline = time.monotonic() + 10
+    while _left_in_group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _left_in_group(process.pid) == []
+    assert len(summary["pids"]) == 2
+    for pid in summary["pids"]:
+        assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
+    # Every failure reported has its file, and every file is a reported failure.
+    reported = {failure["counterexample"] for failure in summary["failures"]}
+    assert None not in reported
+    assert reported == {str(path) for path in out.glob("*.json")}
+    for path in reported:
+        assert cex.read(Path(path)).case.scenario == "step"
+    return summary
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_fuzz_stops_at_its_deadline(tmp_path: Path) -> None:
+    target = write_faulty(OWN_PADDING, tmp_path / "own_padding.py")
+    process = _start(_fuzz_command(target, tmp_path, "--for", "3s"), tmp_path)
+    summary = _assert_clean_exit(process, tmp_path / "out")
+    assert summary["stopped"] == "deadline"
+    assert process.returncode == (1 if summary["failures"] else 0)
+    assert summary["scenarios"]["profile"] > 0
+
+
+def test_fuzz_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    target = write_faulty(OWN_PADDING, tmp_path / "own_padding.py")
+    process = _start(_fuzz_command(target, tmp_path), tmp_path)
+    assert process.stderr is not None
+    for line in process.stderr:
+        if "workers started" in line:
+            break
+    else:
+        pytest.fail(f"fuzz never started: {process.communicate()}")
+    time.sleep(1.0)
+    os.killpg(process.pid, signal.SIGINT)
+    summary = _assert_clean_exit(process, tmp_path / "out")
+    assert summary["stopped"] == "interrupted"
+    assert process.returncode == (1 if summary["failures"] else 0)
+
+
+def test_durations_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_duration("90") == 90
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("2.5s") == 2.5
+    for bad in ("", "soon", "0s", "5x"):
+        with pytest.raises(UsageError):
+            parse_duration(bad)
+    assert main(["fuzz", "--vllm", RELEASE, "--for", "soon"]) == 2
+    assert main(["fuzz", "--vllm", RELEASE, "--workers", "0", "--for", "1s"]) == 2
+    assert "--workers must be at least 1" in capsys.readouterr().err
