@@ -132,6 +132,7 @@ def run_lane(
             case=case.to_dict(),
             run_dir=str(run_dir),
             timeout_s=timeout_s,
+            startup_s=startup_s,
             step_budget=step_budget,
             parent_pid=os.getpid(),
         )

@@ -48,6 +48,8 @@ class RankJob:
     case: dict[str, Any]
     run_dir: str
     timeout_s: float
+    #: Bounds the rendezvous: ranks start minutes apart on a loaded host.
+    startup_s: float
     step_budget: int
     parent_pid: int
 
@@ -131,18 +133,24 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
         world_backend, device_backend = "cpu:gloo,cuda:nccl", "nccl"
     else:
         device, world_backend, device_backend = cpu, "gloo", "gloo"
+    # The store's waits take the default group's timeout: the start-up
+    # allowance, since the hang timeout can be shorter than a rank's start-up.
+    # The groups collectives run on get the hang timeout.
     dist.init_process_group(
         world_backend,
         init_method=f"file://{Path(job.run_dir) / 'store'}",
         rank=job.rank,
         world_size=job.ranks,
-        timeout=timeout,
+        timeout=datetime.timedelta(seconds=job.startup_s),
     )
     members = list(range(job.ranks))
-    groups = {WORLD_GROUP: dist.group.WORLD}
-    devices = {WORLD_GROUP: cpu}
+    groups = {}
+    devices = {}
     # As vLLM: the DP sync's cpu_group is gloo whatever the device backend.
+    # "world" is a group of everyone with the hang timeout; targets asking
+    # for dist.group.WORLD get it (RecordingDist.group).
     for name, backend, where in (
+        (WORLD_GROUP, "gloo", cpu),
         (DP_CPU_GROUP, "gloo", cpu),
         (DP_DEVICE_GROUP, device_backend, device),
         (EP_GROUP, device_backend, device),
