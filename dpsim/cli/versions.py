@@ -21,8 +21,8 @@ from dpsim.versions import (
 
 HELP = "check every supported release (and files) and write a Markdown/HTML table"
 EPILOG = f"""\
-Default releases: {SUPPORTED_RELEASES[0]} .. {SUPPORTED_RELEASES[-1]} (the first of each minor).
-Add a single dp_utils.py with --target FILE@SPEC (FILE run against release SPEC).
+Releases default to {SUPPORTED_RELEASES[0]} .. {SUPPORTED_RELEASES[-1]} (the first of each minor),
+also when files are added with --target FILE@SPEC (FILE run against SPEC).
 
 examples:
   dpsim versions
@@ -59,7 +59,7 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    requests = [TargetRequest(spec) for spec in arguments.specs]
+    requests = [TargetRequest(spec) for spec in arguments.specs or SUPPORTED_RELEASES]
     for pair in arguments.target:
         file, separator, vllm = pair.rpartition("@")
         if not separator or not file or not vllm:
@@ -69,8 +69,6 @@ def run(arguments: argparse.Namespace) -> int:
         if not Path(file).is_file():
             raise UsageError(f"--target {pair!r}: no such file {file}")
         requests.append(TargetRequest(vllm, str(Path(file).resolve())))
-    if not requests:
-        requests = [TargetRequest(version) for version in SUPPORTED_RELEASES]
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     options = CheckOptions(
