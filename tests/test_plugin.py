@@ -5,6 +5,7 @@ against a real server."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -50,6 +51,9 @@ def _pytest(cwd: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 def test_every_scenario_has_a_test_and_profiles_agree() -> None:
     names = {name for name in dir(suite_module) if name.startswith("test_")}
     assert names == {f"test_{scenario}" for scenario in SCENARIOS}
+    for name in names:
+        # No fixtures: HypoFuzz does not collect tests that take any.
+        assert inspect.signature(getattr(suite_module, name)).parameters == {}
     # SuiteOptions.validate spells the profiles out to stay free of torch.
     for profile in PROFILES:
         SuiteOptions(profile=profile).validate()

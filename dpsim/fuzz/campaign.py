@@ -128,6 +128,7 @@ def run_campaign(
     # still importing cannot kill one half-started.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     processes = []
+    forced = True  # an exception in here stops the workers without waiting
     try:
         for plan in plans:
             process = context.Process(
@@ -140,12 +141,12 @@ def run_campaign(
             processes.append(process)
         signal.signal(signal.SIGINT, on_interrupt)
         tally.started = time.monotonic()
-        _coordinate(
+        forced = _coordinate(
             options, tally, messages, stop, processes, interrupts, announce, redraw
         )
     finally:
         stop.set()
-        _reap(processes)
+        _reap(processes, patience=0.0 if forced else 5.0)
         signal.signal(signal.SIGINT, previous)
     while True:
         # Whatever workers said while being reaped.
@@ -165,7 +166,8 @@ def _coordinate(
     interrupts: list[float],
     announce: Announce,
     redraw: Callable[[Tally], None],
-) -> None:
+) -> bool:
+    """Relay messages until every worker is done; True when stopped by force."""
     done: set[int] = set()
     stopped_at: float | None = None
     while len(done) < len(processes):
@@ -197,7 +199,7 @@ def _coordinate(
                 )
         elif len(interrupts) > 1 or now - stopped_at > options.grace:
             announce("stopping now: workers terminated")
-            return
+            return True
         # A worker that died without saying so (killed, out of memory).
         for index, process in enumerate(processes):
             if index not in done and not process.is_alive() and messages.empty():
@@ -208,6 +210,7 @@ def _coordinate(
         redraw(tally)
     if tally.stopping is None:
         tally.stopping = "finished"
+    return False
 
 
 def _handle(message: tuple[Any, ...], tally: Tally, announce: Announce) -> None:
@@ -239,10 +242,10 @@ def _handle(message: tuple[Any, ...], tally: Tally, announce: Announce) -> None:
         announce(f"error in {where}: {text}")
 
 
-def _reap(processes: list[Any]) -> None:
+def _reap(processes: list[Any], patience: float) -> None:
     """Leave no worker behind: join, then terminate, then kill."""
     for process in processes:
-        process.join(timeout=5)
+        process.join(timeout=patience)
     for process in processes:
         if process.is_alive():
             process.terminate()
