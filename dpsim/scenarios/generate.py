@@ -117,7 +117,7 @@ def cases(
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        chosen = _fit_policy(draw, draw(policies), scenario)
+        chosen = _fit_policy(draw, draw(policies), scenario, profile)
         dp_size = draw(st.integers(low, high))
         steps = draw(st.integers(1, max_steps))
         batch = (
@@ -142,8 +142,19 @@ def cases(
     return draw_case()
 
 
-def _fit_policy(draw: st.DrawFn, policy: CapturePolicy, scenario: str) -> CapturePolicy:
-    """Give the scenario what it needs: a drafter's decode length, microbatching."""
+def _fit_policy(
+    draw: st.DrawFn, policy: CapturePolicy, scenario: str, profile: str
+) -> CapturePolicy:
+    """Give the scenario what it needs: a drafter's decode length, microbatching.
+
+    vLLM's speculators build their managers from the target's own config, so
+    under the caller profile a drafter table shares the target's request
+    capacity (its sizes and mode may still differ, as the reuse path allows).
+    """
+    if profile == "caller" and policy.drafter is not None:
+        policy = replace(
+            policy, drafter=replace(policy.drafter, max_num_seqs=policy.max_num_seqs)
+        )
     if scenario == "drafter" and policy.decode_query_len < 2:
         policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
     if scenario == "ubatch" and policy.microbatching is None:
@@ -326,8 +337,11 @@ def _contract_batches(
             kind="idle" if tokens == 0 else "batch",
         )
 
-    def step(dp_size: int) -> st.SearchStrategy[list[RankBatch]]:
-        return st.lists(one_rank(), min_size=dp_size, max_size=dp_size)
+    @st.composite
+    def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        # As for callers: ranks share a palette of a few shapes (see above).
+        palette = [draw(one_rank()) for _ in range(draw(st.integers(1, 3)))]
+        return [draw(st.sampled_from(palette)) for _ in range(dp_size)]
 
     return step
 
