@@ -12,9 +12,7 @@ from random import Random
 import pytest
 
 from dpsim.capture.policy import CapturePolicy
-from dpsim.check import CheckOptions, CheckReport, Finding, ScenarioRun
 from dpsim.cli import main
-from dpsim.cli.policy import _counts, _render_safety
 from dpsim.costs import (
     StepCost,
     Workload,
@@ -25,11 +23,8 @@ from dpsim.costs import (
     summarise,
 )
 from dpsim.costs.figures import nearest_rank
-from dpsim.costs.safety import SafetyRun
 from dpsim.costs.suggest import best_sizes
 from dpsim.costs.workload import BUILTIN_WORKLOADS, parse_trace
-from dpsim.properties.base import Verdict
-from dpsim.scenarios import Case, RankBatch, run_case
 from dpsim.targets import load_target
 
 # -- figures, by hand ----------------------------------------------------------
@@ -294,39 +289,6 @@ def test_validate_writes_a_report_and_passes(
         ("wide", "caller"),
         ("small", "caller"),
     ]
-
-
-def _safety_run(profile: str, tokens: tuple[int, int]) -> SafetyRun:
-    """A check that failed no-hang on a hand-built 2-rank case."""
-    target = load_target("0.33.0")
-    case = Case(
-        scenario="step",
-        profile=profile,
-        policy=CapturePolicy(capture_sizes=(1, 2)),
-        steps=((RankBatch(1, tokens[0], need_eager=True), RankBatch(0, tokens[1])),),
-    )
-    finding = Finding(
-        case, run_case(target, case), (Verdict("no-hang", "step 0", (0,), "hang"),)
-    )
-    options = CheckOptions(profile=profile, examples=1)
-    report = CheckReport(target, options, (ScenarioRun("step", 1, 0.0, finding),))
-    return SafetyRun("p", profile, report)
-
-
-@pytest.mark.release
-def test_the_known_finding_is_shown_and_counted_only_when_strict() -> None:
-    # A busy rank beside a 0-token rank, failing no-hang: README finding 1.
-    known = _safety_run("contract", (1, 0))
-    assert known.known
-    assert not _counts(known, strict=False)
-    assert _counts(known, strict=True)
-    text = _render_safety([known], {0: Path("cex.json")}, strict=False)
-    assert "FAIL no-hang in step [known vLLM finding, not counted]" in text
-    assert "written: cex.json" in text
-    # The same failure without an idle rank, or under the caller profile, is not.
-    for other in (_safety_run("contract", (1, 1)), _safety_run("caller", (1, 0))):
-        assert not other.known
-        assert _counts(other, strict=False)
 
 
 @pytest.mark.release

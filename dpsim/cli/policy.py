@@ -4,8 +4,7 @@
 whether policies are safe with DP (the property suite, policy fixed) and
 what they cost under a workload (padding, graph modes, graphs captured),
 side by side, with plots and an HTML report. Exit status of ``validate``: 0
-when no policy broke a property (the known contract-profile finding aside,
-unless --strict), 1 when one did, 2 on a usage error.
+when no policy broke a property, 1 when one did, 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from dpsim.costs import (
 )
 from dpsim.costs.compare import NothingMeasured
 from dpsim.costs.report import comparison_dict, render_comparison
-from dpsim.costs.safety import KNOWN_FINDING, SafetyRun, check_policy
+from dpsim.costs.safety import SafetyRun, check_policy
 from dpsim.costs.suggest import suggest_policy
 from dpsim.costs.workload import trace_path
 from dpsim.errors import UsageError
@@ -153,10 +152,6 @@ workloads: {", ".join(BUILTIN_WORKLOADS)}, or a JSONL trace, one line per step:
 A trace runs at its own DP size unless --ranks is given (its per-rank
 batches are then dealt N to a step).
 
-The contract profile finds a known vLLM hang on every release (a 0-token
-rank in an eager step, README "What dpsim found" 1); it is shown and marked
-known, and counts as a failure only with --strict.
-
 examples:
   dpsim policy validate default.toml pow2.toml
   dpsim policy validate mine.toml --workload bursty --ranks 2,8,32 --steps 400
@@ -208,11 +203,6 @@ def _add_validate(actions: Any) -> None:
         default=[],
         choices=PROFILES,
         help="generator profile for safety (default: both)",
-    )
-    validate.add_argument(
-        "--strict",
-        action="store_true",
-        help="count the known contract-profile finding as a failure",
     )
     validate.add_argument(
         "--suggest",
@@ -327,14 +317,7 @@ def _safety(
     return runs
 
 
-def _counts(run: SafetyRun, strict: bool) -> bool:
-    """Whether a run's finding makes the command fail."""
-    return run.finding is not None and (strict or not run.known)
-
-
-def _render_safety(
-    runs: list[SafetyRun], written: dict[int, Path | None], strict: bool
-) -> str:
+def _render_safety(runs: list[SafetyRun], written: dict[int, Path | None]) -> str:
     if not runs:
         return "safety: skipped (--examples 0)"
     options = runs[0].report.options
@@ -352,18 +335,9 @@ def _render_safety(
         else:
             broken = ", ".join(f"{prop} in {sc}" for sc, prop in failing.items())
             verdict = f"FAIL {broken}"
-            if run.known:
-                verdict += " [known vLLM finding" + ("" if strict else ", not counted")
-                verdict += "]"
         lines.append(f"  {run.policy:<16} {run.profile:<9} {verdict}")
         if run.finding is not None:
-            if run.known:
-                lines.append(f"  {'':<16} {'':<9} written: {written[index]}")
-            else:
-                details.append(render_report(run.report, written[index]))
-    if any(run.known for run in runs):
-        lines.append("")
-        lines.append(f"known: {KNOWN_FINDING}")
+            details.append(render_report(run.report, written[index]))
     for detail in details:
         lines.append("")
         lines.append(detail)
@@ -387,8 +361,8 @@ def run_validate(arguments: argparse.Namespace) -> int:
     written = {
         index: _write_counterexample(run.report, out) for index, run in enumerate(runs)
     }
-    safety_text = _render_safety(runs, written, arguments.strict)
-    failed = any(_counts(run, arguments.strict) for run in runs)
+    safety_text = _render_safety(runs, written)
+    failed = any(run.finding is not None for run in runs)
     try:
         comparison: Comparison = compare(target, policies, workloads)
     except NothingMeasured as nothing:
@@ -412,7 +386,6 @@ def run_validate(arguments: argparse.Namespace) -> int:
                         {
                             "policy": run.policy,
                             "profile": run.profile,
-                            "known_finding": run.known,
                             "failing": run.failing(),
                             **summary(run.report, written[index]),
                         }

@@ -1,11 +1,8 @@
 """The safety half of ``dpsim policy validate``: the property suite, policy fixed.
 
-Why a module of its own: a policy is judged under both generator profiles,
-and under ``contract`` every release so far fails for a reason that has
-nothing to do with the policy (README, "What dpsim found", 1: a 0-token rank
-in an eager step hangs). A user comparing policies needs that finding shown,
-but told apart from a failure their policy causes; otherwise every policy
-looks equally unsafe and the command is useless in CI.
+Why a module of its own: a policy is judged under both generator profiles, in
+the scenarios the policy itself turns on, which is not what ``dpsim check``
+runs by default (it fits every scenario to a policy).
 """
 
 from __future__ import annotations
@@ -19,18 +16,10 @@ from dpsim.scenarios.generate import scenarios_for
 from dpsim.targets.load import Target
 
 __all__ = [
-    "KNOWN_FINDING",
     "SafetyRun",
     "check_policy",
-    "is_known_finding",
     "scenarios_of",
 ]
-
-KNOWN_FINDING = (
-    "known vLLM finding (README 'What dpsim found' 1): a 0-token rank in an "
-    "eager step skips the forward while the others enter MoE collectives; "
-    "vLLM's engine never passes 0 tokens, so this is not caused by the policy"
-)
 
 
 @dataclass(frozen=True)
@@ -46,14 +35,6 @@ class SafetyRun:
         failed = self.report.first_failure
         return failed.finding if failed is not None else None
 
-    @property
-    def known(self) -> bool:
-        """Every failing scenario shows the known finding, and nothing else."""
-        findings = [run.finding for run in self.report.runs if run.finding]
-        return bool(findings) and all(
-            is_known_finding(self.profile, finding) for finding in findings
-        )
-
     def failing(self) -> dict[str, str]:
         """Scenario -> the property it broke, for every failing scenario."""
         return {
@@ -61,23 +42,6 @@ class SafetyRun:
             for run in self.report.runs
             if run.finding is not None
         }
-
-
-def is_known_finding(profile: str, finding: Finding) -> bool:
-    """Whether a shrunk counterexample is the idle-rank eager hang.
-
-    Recognised by its shape, not its message: a contract-profile case that
-    fails ``no-hang`` with a step where one rank has no tokens and another
-    has some. The caller profile never produces 0-token ranks, so it never
-    matches there.
-    """
-    if profile != "contract" or finding.primary.property != "no-hang":
-        return False
-    return any(
-        any(batch.num_tokens == 0 for batch in step)
-        and any(batch.num_tokens > 0 for batch in step)
-        for step in finding.case.steps
-    )
 
 
 def scenarios_of(target: Target, policy: CapturePolicy) -> tuple[str, ...]:
