@@ -692,6 +692,104 @@ def test_256_ranks_run_and_agree() -> None:
     assert len(result.ranks[255].collectives[0].contribution[0]) == 256
 
 
+def _every_kind_with_what_each_rank_saw(rank: int) -> None:
+    """Every collective kind, async and a hang; records each input and output as lists."""
+
+    def entered(tensor: torch.Tensor) -> None:
+        sim.record("in", value=tensor.tolist())
+
+    def received(value: Any) -> None:
+        sim.record("out", value=value)
+
+    base = torch.arange(6, dtype=torch.int32).reshape(2, 3) * (rank + 1)
+    reduced = base.clone()
+    entered(reduced)
+    dist.all_reduce(reduced, op=ReduceOp.MAX, group=dp_cpu())
+    received(reduced.tolist())
+    parts = [torch.empty(3, dtype=torch.float64) for _ in range(3)]
+    mine = torch.full((3,), rank / 3, dtype=torch.float64)
+    entered(mine)
+    dist.all_gather(parts, mine, group=group("ep"))
+    received([part.tolist() for part in parts])
+    gathered = torch.empty(3, 2, dtype=torch.int64)
+    row = torch.tensor([rank, -rank], dtype=torch.int64)
+    entered(row)
+    dist.all_gather_into_tensor(gathered, row, group=group("ep"))
+    received(gathered.tolist())
+    sent = torch.tensor([rank + 0.5])
+    entered(sent)
+    dist.broadcast(sent, src=2, group=group("dp_device"))
+    received(sent.tolist())
+    dist.barrier(group=dp_cpu())
+    asynchronous = torch.tensor([rank + 1])
+    entered(asynchronous)
+    work = dist.all_reduce(asynchronous, group=dp_cpu(), async_op=True)
+    work.wait()
+    received(asynchronous.tolist())
+    if rank != 1:
+        stuck = torch.tensor([rank])
+        entered(stuck)
+        dist.all_reduce(stuck, group=dp_cpu())  # rank 1 never comes: a hang
+
+
+def test_trace_values_are_the_tensors_as_lists_however_and_whenever_read() -> None:
+    import copy
+    import pickle
+
+    result = simulate(_every_kind_with_what_each_rank_saw, ranks=3)
+    assert result.outcome is Outcome.HANG
+
+    # Read in one order ...
+    for trace in result.ranks:
+        ins = [e.payload["value"] for e in trace.events if e.kind == "in"]
+        outs = [e.payload["value"] for e in trace.events if e.kind == "out"]
+        records = [c for c in trace.collectives if c.signature.kind != "barrier"]
+        assert [c.contribution for c in records] == ins
+        completed = [c for c in records if c.completed]
+        assert [c.result for c in completed] == outs
+        assert all(c.result is None for c in records if not c.completed)
+    # ... or in another, in a fresh run, or only through JSON: the same bytes.
+    again = simulate(_every_kind_with_what_each_rank_saw, ranks=3)
+    assert [r.result for t in again.ranks for r in t.collectives][::-1] == [
+        r.result for t in result.ranks for r in t.collectives
+    ][::-1]
+    third = simulate(_every_kind_with_what_each_rank_saw, ranks=3)
+    assert third.to_json() == result.to_json() == again.to_json()
+    assert third == result
+    # Copies and pickles carry the values, not the tensors they came from.
+    fresh = simulate(_every_kind_with_what_each_rank_saw, ranks=3)
+    assert pickle.loads(pickle.dumps(fresh)).to_json() == result.to_json()
+    assert (
+        copy.deepcopy(simulate(_every_kind_with_what_each_rank_saw, ranks=3)) == result
+    )
+
+
+def test_trace_size_grows_linearly_in_ranks_until_values_are_read() -> None:
+    """A DP sync's contribution has O(ranks) values; nothing converts them unread.
+
+    Counted in bytes of Python objects a result keeps (``tracemalloc``), not in
+    time. Converting every rank's row to lists made them grow with ranks^2.
+    """
+    import gc
+    import tracemalloc
+
+    def kept(ranks: int) -> int:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            result = simulate(sync_like_program, ranks=ranks)
+            gc.collect()
+            count = tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        assert [trace.state for trace in result.ranks] == [RankState.FINISHED] * ranks
+        return count
+
+    kept(256)  # warm caches and the worker pool
+    small, large = kept(64), kept(256)
+    assert large < 6 * small  # 4x when linear
+
+
 def test_measure_reports_both_sides() -> None:
     numbers = sim.measure(sync_like_program, ranks=4, rounds=5)
 

@@ -10,11 +10,12 @@ it stays stuck, which is what a real backend does at best.
 
 This module is also the ``dist`` object loaded targets see (through
 ``runtime.DIST_PROXY``), so its methods keep torch's signatures and are the
-simulator's hot path: no per-call allocation beyond the record itself, and
-per collective one ``torch.stack`` of the inputs, one reduction, and one
-``tolist()`` that yields every member's contribution at once (a contribution of
-a (5, N) tensor is O(N) Python objects, so N separate conversions per
-collective dominated the cost of a 256-rank run).
+simulator's hot path: no per-call allocation beyond the log entry, and per
+collective one ``torch.stack`` of the inputs and one reduction. Nothing becomes
+Python lists while ranks run: a completed collective keeps the stacked inputs
+and the result as tensors, and the trace converts a member's row only when a
+reader asks for it (a contribution of a (4, N) tensor is O(N) Python objects,
+so converting every member's at every collective made a run quadratic in N).
 """
 
 from __future__ import annotations
@@ -53,6 +54,44 @@ _REDUCTIONS: dict[Any, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
 }
 _REDUCTION_BY_NAME = dict(_REDUCTIONS.values())
 _OP_NAMES = {op: name for op, (name, _) in _REDUCTIONS.items()}
+#: The same, by identity: hashing a ``ReduceOp`` goes through pybind11 and
+#: costs more than the rest of the lookup; torch's ``ReduceOp.SUM`` and friends
+#: are singletons (kept alive by ``_REDUCTIONS``, so their ids stay theirs).
+_OP_NAMES_BY_ID = {id(op): name for op, name in _OP_NAMES.items()}
+
+#: torch splits an op over its intra-op threads from this many elements on
+#: (``at::internal::GRAIN_SIZE``).
+_GRAIN = 32768
+#: Reductions that combine partial results of row blocks exactly as they
+#: combine rows. AVG is a SUM divided; the bitwise ones go row by row already.
+_BLOCKWISE = frozenset({"SUM", "PRODUCT", "MIN", "MAX"})
+
+
+def _reduce(stacked: torch.Tensor, op_name: str) -> torch.Tensor:
+    """The reduction of ``stacked`` over members, in blocks that stay on this thread.
+
+    A 256-rank DP sync reduces 256 x (4 x 256) values. In one op torch hands
+    that to its thread pool, and on a busy machine waiting for a worker thread
+    to be scheduled cost milliseconds (a sum that takes 50us on one thread
+    took 4-12ms), far more than the work. Reducing blocks of rows below the
+    grain size, then the blocks' results the same way, never leaves this
+    thread and does not depend on the thread count.
+    """
+    members = stacked.shape[0]
+    width = stacked[0].numel()
+    # A single member's tensor near the grain size is big enough to be worth threads.
+    if members * width < _GRAIN or 2 * width >= _GRAIN:
+        return _REDUCTION_BY_NAME[op_name](stacked)
+    if op_name == "AVG":
+        return _reduce(stacked, "SUM").div_(members)
+    if op_name not in _BLOCKWISE:
+        return _REDUCTION_BY_NAME[op_name](stacked)
+    reduction = _REDUCTION_BY_NAME[op_name]
+    rows = (_GRAIN - 1) // width
+    partials = torch.stack(
+        [reduction(stacked[start : start + rows]) for start in range(0, members, rows)]
+    )
+    return _reduce(partials, op_name)
 
 
 class SimProcessGroup:
@@ -89,6 +128,18 @@ def _positions(members: tuple[int, ...], world_size: int) -> tuple[int, ...]:
 class GroupState:
     """One group's members and its collectives in flight."""
 
+    # Four of these are made per run, whatever the run does.
+    __slots__ = (
+        "handle",
+        "members",
+        "name",
+        "next_seq",
+        "pending",
+        "position",
+        "scheduler",
+        "size",
+    )
+
     def __init__(
         self, name: str, members: Sequence[int], world_size: int, scheduler: Scheduler
     ) -> None:
@@ -107,49 +158,91 @@ class GroupState:
 
 
 class Pending:
-    """Collective #seq of a group, from the first member's entry to completion."""
+    """Collective #seq of a group, from the first member's entry to completion.
+
+    Once the run is over it is also what the trace reads a record's
+    ``contribution`` and ``result`` from, on demand (see
+    ``CollectiveRecord``): by then it holds tensors no rank can reach and no
+    reference back into the run.
+    """
 
     __slots__ = (
-        "contributions",
         "done",
         "entered",
+        "frozen",
         "group",
         "inputs",
         "mismatched",
+        "name",
         "outputs",
-        "result",
+        "result_list",
+        "result_tensor",
         "seq",
         "signature",
         "signatures",
+        "stacked",
         "waiters",
     )
 
     def __init__(self, group: GroupState, seq: int, signature: SignatureTuple) -> None:
         size = group.size
-        self.group = group
+        #: None once completed or frozen: a finished trace must not keep the run alive
+        self.group: GroupState | None = group
+        self.name = group.name
         self.seq = seq
         #: the first member's signature; the others must match it
         self.signature = signature
         self.signatures: list[SignatureTuple | None] = [None] * size
         self.inputs: list[Any] = [None] * size
         self.outputs: list[Any] = [None] * size
-        #: per member, its input as nested lists; filled in one go at completion
-        self.contributions: list[Any] = [None] * size
         self.entered = 0
         self.mismatched = False
         self.done = False
-        self.result: Any = None
+        #: once completed: every member's input, stacked (None for a barrier); a
+        #: private copy, so no rank can change it afterwards
+        self.stacked: torch.Tensor | None = None
+        #: once completed: the tensor every member received (None for a barrier)
+        self.result_tensor: torch.Tensor | None = None
+        #: ``result_tensor.tolist()``, made on first request and shared by members
+        self.result_list: Any = _UNCONVERTED
+        #: for a collective that never completed: per member, its input as nested
+        #: lists, taken when the run ended (see ``freeze``)
+        self.frozen: list[Any] | None = None
         #: ranks blocked until this completes (in the call, or in wait())
         self.waiters: list[int] = []
 
     def contribution(self, position: int) -> Any:
-        """A member's input as nested lists (converted late if this never completed)."""
-        contribution = self.contributions[position]
-        if contribution is None and not self.done:
-            tensor = self.inputs[position]
-            if tensor is not None:
-                contribution = self.contributions[position] = tensor.tolist()
-        return contribution
+        """A member's input as nested lists (None for a barrier or a member not entered)."""
+        stacked = self.stacked
+        if stacked is not None:
+            return stacked[position].tolist()
+        frozen = self.frozen
+        return None if frozen is None else frozen[position]
+
+    def result_value(self) -> Any:
+        """What the collective wrote into each member's tensor, as nested lists."""
+        converted = self.result_list
+        if converted is _UNCONVERTED:
+            tensor = self.result_tensor
+            converted = self.result_list = None if tensor is None else tensor.tolist()
+        return converted
+
+    def freeze(self) -> None:
+        """Take the inputs of a collective that never completed, and let go of the run.
+
+        Called when the run has ended, before hung ranks are ended: their
+        ``finally`` blocks may still change the tensors they passed in.
+        """
+        self.frozen = [
+            None if tensor is None else tensor.tolist() for tensor in self.inputs
+        ]
+        self.inputs = self.outputs = []
+        self.waiters = []
+        self.group = None
+
+
+#: ``Pending.result_list`` before its first conversion (None is a valid result)
+_UNCONVERTED: Any = object()
 
 
 class SimWork:
@@ -246,7 +339,7 @@ class SimCollectives:
         group: SimProcessGroup | None = None,
         async_op: bool = False,
     ) -> SimWork | None:
-        op_name = _OP_NAMES.get(op)
+        op_name = _OP_NAMES_BY_ID.get(id(op)) or _OP_NAMES.get(op)
         if op_name is None:
             raise ValueError(f"dpsim does not simulate reduce op {op!r}")
         if op_name == "AVG" and not tensor.is_floating_point():
@@ -360,7 +453,13 @@ class SimCollectives:
     ) -> SimWork | None:
         scheduler = self.scheduler
         rank = scheduler.current
-        state = self._default if group is None else self._state_of(group)
+        if group is None:
+            state = self._default
+        else:
+            try:
+                state = group._state
+            except AttributeError:
+                state = self._state_of(group)  # raises the explanation
         position = state.position[rank]
         if position < 0:
             raise ValueError(
@@ -411,40 +510,39 @@ class SimCollectives:
 
     def _complete(self, pending: Pending) -> None:
         kind, op_name, _, _, src = pending.signature
+        group = pending.group
+        assert group is not None
         inputs = pending.inputs
         outputs = pending.outputs
-        if kind == "barrier":
-            pending.contributions = [None] * len(inputs)
-        else:
+        if kind != "barrier":
             # Same shape and dtype everywhere, or it would be mismatched.
-            stacked = torch.stack(inputs)
-            pending.contributions = contributions = stacked.tolist()
+            stacked = pending.stacked = torch.stack(inputs)
             if kind == "all_reduce":
                 assert op_name is not None
-                reduced = _REDUCTION_BY_NAME[op_name](stacked)
+                result = _reduce(stacked, op_name)
                 for output in outputs:
-                    output.copy_(reduced)
-                pending.result = reduced.tolist()
+                    output.copy_(result)
             elif kind == "all_gather":
                 for output_list in outputs:
                     for target, source in zip(output_list, inputs, strict=True):
                         target.copy_(source)
-                pending.result = contributions
+                result = stacked
             elif kind == "all_gather_into_tensor":
-                gathered = stacked.reshape(outputs[0].shape)
+                result = stacked.reshape(outputs[0].shape)
                 for output in outputs:
-                    output.copy_(gathered)
-                pending.result = gathered.tolist()
+                    output.copy_(result)
             else:  # broadcast
                 assert src is not None
-                source_position = pending.group.position[src]
+                result = stacked[group.position[src]]
                 for output in outputs:
-                    output.copy_(stacked[source_position])
-                pending.result = contributions[source_position]
+                    output.copy_(result)
+            pending.result_tensor = result
         pending.done = True
-        del pending.group.pending[pending.seq]
-        # Drop tensor references: the ranks own them, the trace has the lists.
+        del group.pending[pending.seq]
+        # Drop references into the run: the ranks own their tensors, and the
+        # trace needs only the stacked copy and the result.
         pending.inputs = pending.outputs = []
+        pending.group = None
         if pending.waiters:
             self.scheduler.wake(pending.waiters)
             pending.waiters = []

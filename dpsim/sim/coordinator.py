@@ -21,6 +21,22 @@ _CPU = torch.device("cpu")
 class GroupCoordinatorView:
     """One rank's view of a group: attributes are that rank's, calls go to ``dist``."""
 
+    # Set through ``__dict__`` (see for_member), so declared here.
+    _dist: Any
+    unique_name: str
+    ranks: list[int]
+    world_size: int
+    cpu_group: Any
+    device_group: Any
+    device: torch.device
+    first_rank: int
+    last_rank: int
+    rank: int
+    local_rank: int
+    rank_in_group: int
+    is_first_rank: bool
+    is_last_rank: bool
+
     def __init__(
         self,
         dist: Any,
@@ -31,20 +47,48 @@ class GroupCoordinatorView:
         cpu_group: Any,
         device_group: Any,
     ) -> None:
-        self._dist = dist
-        self.unique_name = unique_name
+        self.__dict__.update(
+            self.shared_attributes(dist, unique_name, ranks, cpu_group, device_group)
+        )
+        self._set_rank(rank, rank_in_group)
+
+    @staticmethod
+    def shared_attributes(
+        dist: Any, unique_name: str, ranks: list[int], cpu_group: Any, device_group: Any
+    ) -> dict[str, Any]:
+        """The attributes every member's view has alike, for :meth:`for_member`."""
+        return {
+            "_dist": dist,
+            "unique_name": unique_name,
+            "ranks": ranks,
+            "world_size": len(ranks),
+            "cpu_group": cpu_group,
+            "device_group": device_group,
+            "device": _CPU,
+            "first_rank": ranks[0],
+            "last_rank": ranks[-1],
+        }
+
+    @classmethod
+    def for_member(
+        cls, shared: dict[str, Any], rank: int, rank_in_group: int
+    ) -> GroupCoordinatorView:
+        """The view of one member, from ``shared_attributes()`` made once per group.
+
+        Every rank of every run makes one; copying the shared part is a
+        fraction of setting each attribute in turn.
+        """
+        view = object.__new__(cls)
+        view.__dict__.update(shared)
+        view._set_rank(rank, rank_in_group)
+        return view
+
+    def _set_rank(self, rank: int, rank_in_group: int) -> None:
         self.rank = rank
         self.local_rank = rank
-        self.ranks = ranks
-        self.world_size = len(ranks)
         self.rank_in_group = rank_in_group
-        self.cpu_group = cpu_group
-        self.device_group = device_group
-        self.device = _CPU
-        self.is_first_rank = self.rank_in_group == 0
-        self.is_last_rank = self.rank_in_group == self.world_size - 1
-        self.first_rank = ranks[0]
-        self.last_rank = ranks[-1]
+        self.is_first_rank = rank_in_group == 0
+        self.is_last_rank = rank_in_group == self.world_size - 1
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place SUM over the CPU group; returns ``tensor``."""

@@ -1,13 +1,18 @@
 """From the simulator's raw bookkeeping to a ``SimResult``: states, positions, outcome.
 
 Runs once, after no rank can run and before hung ranks are ended, so it reads
-exactly where each rank stopped. This is the only place the cheap tuples kept
-on the hot path become frozen records.
+exactly where each rank stopped. Each rank's collective log becomes frozen
+records only when a reader first asks for ``RankTrace.collectives``, and a
+record's values become lists only when asked for too: the checker reads
+states and events, and converting what nobody reads was most of the cost of
+a large run.
 """
 
 from __future__ import annotations
 
-from dpsim.sim.collectives import Pending, SignatureTuple, SimCollectives
+import functools
+
+from dpsim.sim.collectives import LogEntry, Pending, SignatureTuple, SimCollectives
 from dpsim.sim.scheduler import Scheduler
 from dpsim.sim.trace import (
     CollectiveRecord,
@@ -44,6 +49,7 @@ def _wait_info(
     pending: Pending, rank: int, is_async: bool, signature: _Signatures
 ) -> WaitInfo:
     group = pending.group
+    assert group is not None  # not completed, not frozen yet
     own = pending.signatures[group.position[rank]]
     assert own is not None
     missing = []
@@ -65,10 +71,14 @@ def _wait_info(
 
 
 def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
+    """Collectives that never completed; takes their inputs as they are now."""
     found = []
     for state in dist.groups.values():
+        if not state.pending:
+            continue  # the usual case, for every group
         for seq in sorted(state.pending):
             pending = state.pending[seq]
+            pending.freeze()
             entered = tuple(
                 member
                 for position, member in enumerate(state.members)
@@ -83,10 +93,34 @@ def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
     return tuple(found)
 
 
+def _records(
+    log: list[LogEntry], signature: _Signatures
+) -> tuple[CollectiveRecord, ...]:
+    """A rank's log as records; read after the run, when every entry is final."""
+    make_record = CollectiveRecord.lazy
+    return tuple(
+        [
+            make_record(
+                pending.name,
+                pending.seq,
+                signature(raw_signature),
+                pending,
+                position,
+                is_async,
+                pending.done,
+            )
+            for pending, position, raw_signature, is_async in log
+        ]
+    )
+
+
 def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
     dist = world.dist
     signature = _Signatures()
-    make_record = CollectiveRecord.unchecked
+    make_trace = RankTrace.lazy
+    steps = scheduler.steps
+    logs = dist.logs
+    all_events = world.events
     traces = []
     for rank, exit_record in enumerate(scheduler.exits):
         waiting = None
@@ -97,40 +131,26 @@ def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
                 waiting = _wait_info(blocked[0], rank, blocked[1], signature)
         else:
             state, returned, error = exit_record
-        collectives = tuple(
-            [
-                make_record(
-                    pending.group.name,
-                    pending.seq,
-                    signature(raw_signature),
-                    pending.contribution(position),
-                    pending.result,
-                    is_async,
-                    pending.done,
-                )
-                for pending, position, raw_signature, is_async in dist.logs[rank]
-            ]
-        )
-        rank_events = world.events[rank]
+        rank_events = all_events[rank]
         events = (
             tuple([Event(kind, after, payload) for kind, after, payload in rank_events])
             if rank_events
             else ()
         )
         traces.append(
-            RankTrace.unchecked(
+            make_trace(
                 rank,
                 state,
                 returned,
                 error,
                 waiting,
-                scheduler.steps[rank],
-                collectives,
+                steps[rank],
+                functools.partial(_records, logs[rank], signature),
                 events,
             )
         )
     incomplete = _incomplete(dist)
-    states = {trace.state for trace in traces}
+    states = {trace.state for trace in traces} if traces else set()
     if RankState.RAISED in states:
         outcome = Outcome.CRASH
     elif RankState.BUDGET in states:
@@ -141,10 +161,10 @@ def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
         outcome = Outcome.HANG
     else:
         outcome = Outcome.OK
-    return SimResult(
-        outcome=outcome,
-        ranks=tuple(traces),
-        choices=tuple(scheduler.choices),
-        groups=tuple((name, state.members) for name, state in dist.groups.items()),
-        incomplete=incomplete,
+    return SimResult.unchecked(
+        outcome,
+        tuple(traces),
+        tuple(scheduler.choices),
+        tuple([(name, state.members) for name, state in dist.groups.items()]),
+        incomplete,
     )

@@ -1,14 +1,23 @@
 """Virtual ranks as greenlets, taking turns under one deterministic scheduler.
 
-Every rank's program runs in its own greenlet; the scheduler runs in the
-greenlet that called :meth:`Scheduler.run` (the hub). A rank gives the baton
-back when it blocks (in a collective that cannot complete yet), at a
-preemption point (where interleaving can change what a program observes:
-entering an async op, polling ``is_completed()``, completing a collective), or
-when it ends. The hub then asks the chooser which runnable rank goes next and
-records the choice. Nothing else decides the order, so the same programs and
-choices give the same run. Greenlets rather than threads: a switch costs well
-under a microsecond, a condition-variable handoff many times more.
+Every rank's program runs in its own greenlet; :meth:`Scheduler.run` runs in
+the caller's greenlet (the hub). A rank gives up the baton when it blocks (in a
+collective that cannot complete yet), at a preemption point (where
+interleaving can change what a program observes: entering an async op, polling
+``is_completed()``, completing a collective), or when it ends. The chooser then
+says which runnable rank goes next, and the choice is recorded. Nothing else
+decides the order, so the same programs and choices give the same run.
+Greenlets rather than threads: a switch costs well under a microsecond, a
+condition-variable handoff many times more.
+
+The rank giving up the baton makes that choice itself and switches straight
+to the next rank (or carries on, when a preemption point picks it again),
+rather than going through the hub: half the switches, and in an N-rank run
+that parks N ranks in one collective, switches are a large share of the cost.
+The hub gets the baton back only when no rank can run, or when the chooser
+raised: that exception belongs to the caller of ``run()``, never to the
+program of the rank that happened to ask (whose ``except Exception`` could
+swallow a replay divergence).
 
 When no rank can run the loop ends; what the blocked ranks wait for is the
 diagnosis, read by :mod:`dpsim.sim.result` before :meth:`Scheduler.close`
@@ -21,6 +30,7 @@ import contextlib
 import os
 import re
 import traceback
+from bisect import insort
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,7 +82,7 @@ class Scheduler:
     ) -> None:
         ranks = len(programs)
         self._programs = programs
-        self._chooser = chooser
+        self._choose = chooser.choose
         self._budget = step_budget
         #: The rank whose greenlet is running, or -1 in the hub.
         self.current = -1
@@ -87,9 +97,11 @@ class Scheduler:
         self._closing = False
         #: The greenlet running the scheduling loop; ranks switch back to it.
         self.hub: greenlet | None = None
-        self._workers: list[greenlet] = []
+        self._workers: list[workers_pool.Worker] = []
         self._started = [False] * ranks
         self._ended = [False] * ranks
+        #: What the chooser raised in a rank's greenlet, for the hub to re-raise.
+        self._failure: BaseException | None = None
 
     # -- called from inside a rank ---------------------------------------
 
@@ -110,20 +122,21 @@ class Scheduler:
         """Give up the baton until some other rank wakes this one."""
         if self._closing:
             raise GreenletExit
-        assert self.hub is not None
-        self.hub.switch()
+        # Never this rank's own worker: it is not runnable until woken.
+        self._next_greenlet().switch()
 
     def preempt(self) -> None:
         """A point where another rank may run first; this one stays runnable."""
         if self._closing:
             raise GreenletExit
-        if not self._runnable:
-            return  # nobody else could run: no choice to make or record
-        assert self.hub is not None
         runnable = self._runnable
-        runnable.append(self.current)
-        runnable.sort()
-        self.hub.switch()
+        if not runnable:
+            return  # nobody else could run: no choice to make or record
+        rank = self.current
+        insort(runnable, rank)
+        target = self._next_greenlet()
+        if target is not self._workers[rank]:
+            target.switch()  # returns when this rank is picked again
 
     def wake(self, ranks: Sequence[int]) -> None:
         """Make blocked ``ranks`` runnable again."""
@@ -135,48 +148,78 @@ class Scheduler:
     def closing(self) -> bool:
         return self._closing
 
+    # -- passing the baton -------------------------------------------------
+
+    def _pick(self, runnable: list[int]) -> int:
+        """Take the chooser's pick from ``runnable`` (two or more) and record it."""
+        rank = self._choose(runnable)
+        if rank == runnable[0]:
+            del runnable[0]
+        else:
+            try:
+                runnable.remove(rank)
+            except ValueError:
+                raise SchedulerError(
+                    f"chooser picked rank {rank!r}, not one of the "
+                    f"runnable ranks {runnable}"
+                ) from None
+        self.choices.append(rank)
+        return rank
+
+    def _next_greenlet(self) -> greenlet:
+        """Pick who runs next and make it current; the hub when nobody can.
+
+        Called in the greenlet giving up the baton. A rank's first switch
+        starts it: its worker finds the task on itself (see ``workers``).
+        """
+        runnable = self._runnable
+        if len(runnable) == 1:
+            rank = runnable.pop()  # no choice to make or record
+        elif runnable:
+            try:
+                rank = self._pick(runnable)
+            except BaseException as error:
+                self._failure = error
+                return self.hub
+        else:
+            return self.hub
+        self.current = rank
+        worker = self._workers[rank]
+        if not self._started[rank]:
+            self._started[rank] = True
+            worker.task = (self, rank)
+        return worker
+
     # -- the hub -----------------------------------------------------------
 
     def run(self) -> None:
         """Run ranks until none can run. On an exception, close before re-raising."""
         if self.hub is not None:
             raise SchedulerError("a Scheduler runs once")
-        hub = self.hub = getcurrent()
-        ranks = len(self._programs)
-        workers = self._workers = workers_pool.take(ranks, hub)
-        tasks = [(self, rank) for rank in range(ranks)]
+        self.hub = getcurrent()
+        self._workers = workers_pool.take(len(self._programs), self.hub)
         runnable = self._runnable
-        choices = self.choices
-        choose = self._chooser.choose
         try:
             while runnable:
-                if len(runnable) == 1:
-                    rank = runnable.pop()
-                else:
-                    rank = choose(runnable)
-                    if rank == runnable[0]:
-                        del runnable[0]
-                    else:
-                        try:
-                            runnable.remove(rank)
-                        except ValueError:
-                            raise SchedulerError(
-                                f"chooser picked rank {rank!r}, not one of the "
-                                f"runnable ranks {runnable}"
-                            ) from None
-                    choices.append(rank)
-                self.current = rank
-                # A rank's first switch starts it; later ones resume it where it
-                # blocked, which ignores the task.
-                workers[rank].switch(tasks[rank])
+                # Back here when no rank can run, or when the chooser raised.
+                self._next_greenlet().switch()
+                failure = self._failure
+                if failure is not None:
+                    self._failure = None
+                    raise failure
             self.current = -1
         except BaseException:
             self.close()
             raise
 
+    def after_rank(self) -> greenlet:
+        """Where a worker whose rank ended switches to: the next rank, or the hub."""
+        if self._closing:
+            return self.hub
+        return self._next_greenlet()
+
     def run_rank(self, rank: int) -> None:
         """Run one rank's program to its end, in a worker; record how it ended."""
-        self._started[rank] = True
         try:
             returned = self._programs[rank](rank)
         except GreenletExit:
@@ -214,7 +257,15 @@ class Scheduler:
         self._closing = True
         self._budget = -1  # so a tick in a finally block ends the rank at once
         self._runnable.clear()
-        for rank, worker in enumerate(self._workers):
+        workers = self._workers
+        if self._ended == self._started:
+            # Every rank that started has ended (the usual case): no one to
+            # end, and every worker is idle.
+            self.current = -1
+            workers_pool.give_back(workers)
+            self._workers = []
+            return
+        for rank, worker in enumerate(workers):
             # A program that swallows GreenletExit gets a few more; after that
             # its worker is left to the garbage collector.
             attempts = 0

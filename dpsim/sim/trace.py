@@ -10,10 +10,12 @@ the end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 _T = TypeVar("_T")
 
@@ -87,6 +89,14 @@ class Signature:
         }
 
 
+class CollectiveSource(Protocol):
+    """Where a lazily built record takes its ``contribution`` and ``result`` from."""
+
+    def contribution(self, position: int) -> Any: ...
+
+    def result_value(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class CollectiveRecord:
     """One collective a rank entered, in the order it entered them.
@@ -94,8 +104,14 @@ class CollectiveRecord:
     ``contribution`` is the rank's input when it entered (for async ops, taken
     at call time); ``result`` is what the collective wrote back into this rank's
     tensor, or None if it never completed. Both are nested lists as
-    ``Tensor.tolist()`` gives them; the lists are shared between ranks and must
-    not be mutated.
+    ``Tensor.tolist()`` gives them; they must not be mutated (a result list is
+    shared between ranks).
+
+    The simulator builds records with :meth:`lazy`, which leaves both fields
+    to be converted from tensors on first access and then kept: a contribution
+    is O(members) values, so converting every record of an N-rank run up front
+    costs O(N^2) whether anyone reads them or not. Equality, ``repr``,
+    ``as_dict()`` and JSON see the same lists either way.
     """
 
     group: str
@@ -129,6 +145,51 @@ class CollectiveRecord:
         fields["completed"] = completed
         return record
 
+    @classmethod
+    def lazy(
+        cls,
+        group: str,
+        seq: int,
+        signature: Signature,
+        source: CollectiveSource,
+        position: int,
+        is_async: bool,
+        completed: bool,
+    ) -> CollectiveRecord:
+        """A record whose contribution and result ``source`` gives when first read.
+
+        ``source`` must give the same values whenever asked.
+        """
+        record = _blank(cls)
+        fields = record.__dict__
+        fields["group"] = group
+        fields["seq"] = seq
+        fields["signature"] = signature
+        fields["is_async"] = is_async
+        fields["completed"] = completed
+        fields[_LAZY] = (source, position)
+        return record
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for attributes not in __dict__: a lazy record's
+        # contribution or result not read yet. Converted once, then kept.
+        lazy = self.__dict__.get(_LAZY)
+        if lazy is not None:
+            source, position = lazy
+            if name == "contribution":
+                value = self.__dict__[name] = source.contribution(position)
+                return value
+            if name == "result":
+                value = self.__dict__[name] = source.result_value()
+                return value
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle and copy the plain record, not the tensors it was built from.
+        return {name: getattr(self, name) for name in _RECORD_FIELDS}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
@@ -139,6 +200,11 @@ class CollectiveRecord:
             "async": self.is_async,
             "completed": self.completed,
         }
+
+
+#: Key in a lazy record's ``__dict__`` of its (source, position)
+_LAZY = "_lazy_source"
+_RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(CollectiveRecord))
 
 
 @dataclass(frozen=True)
@@ -213,7 +279,12 @@ class WaitInfo:
 
 @dataclass(frozen=True)
 class RankTrace:
-    """Everything one virtual rank did, and where it ended."""
+    """Everything one virtual rank did, and where it ended.
+
+    ``collectives`` may be built on first access (see :meth:`lazy`): most
+    readers of a run (properties, the checker) look only at its states and
+    events.
+    """
 
     rank: int
     state: RankState
@@ -249,6 +320,50 @@ class RankTrace:
         fields["events"] = events
         return trace
 
+    @classmethod
+    def lazy(
+        cls,
+        rank: int,
+        state: RankState,
+        returned: Any,
+        error: ErrorInfo | None,
+        waiting: WaitInfo | None,
+        steps: int,
+        collectives: Callable[[], tuple[CollectiveRecord, ...]],
+        events: tuple[Event, ...],
+    ) -> RankTrace:
+        """Like :meth:`unchecked`, with ``collectives()`` called on first access.
+
+        ``collectives`` must give equal records whenever called.
+        """
+        trace = _blank(cls)
+        fields = trace.__dict__
+        fields["rank"] = rank
+        fields["state"] = state
+        fields["returned"] = returned
+        fields["error"] = error
+        fields["waiting"] = waiting
+        fields["steps"] = steps
+        fields[_LAZY_COLLECTIVES] = collectives
+        fields["events"] = events
+        return trace
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for attributes not in __dict__: lazy collectives not read yet.
+        if name == "collectives":
+            fields = self.__dict__
+            make = fields.pop(_LAZY_COLLECTIVES, None)
+            if make is not None:
+                value = fields[name] = make()
+                return value
+        raise AttributeError(
+            f"{type(self).__name__!r} object has no attribute {name!r}"
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickle and copy the plain trace, not the run's log it was built from.
+        return {name: getattr(self, name) for name in _TRACE_FIELDS}
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
@@ -260,6 +375,11 @@ class RankTrace:
             "collectives": [record.as_dict() for record in self.collectives],
             "events": [event.as_dict() for event in self.events],
         }
+
+
+#: Key in a lazy trace's ``__dict__`` of the function that builds its records
+_LAZY_COLLECTIVES = "_lazy_collectives"
+_TRACE_FIELDS = tuple(field.name for field in dataclasses.fields(RankTrace))
 
 
 @dataclass(frozen=True)
@@ -293,6 +413,25 @@ class SimResult:
     choices: tuple[int, ...]
     groups: tuple[tuple[str, tuple[int, ...]], ...]  # name -> member global ranks
     incomplete: tuple[IncompleteCollective, ...]
+
+    @classmethod
+    def unchecked(
+        cls,
+        outcome: Outcome,
+        ranks: tuple[RankTrace, ...],
+        choices: tuple[int, ...],
+        groups: tuple[tuple[str, tuple[int, ...]], ...],
+        incomplete: tuple[IncompleteCollective, ...],
+    ) -> SimResult:
+        """Same as the constructor, several times faster; see :func:`_blank`."""
+        result = _blank(cls)
+        fields = result.__dict__
+        fields["outcome"] = outcome
+        fields["ranks"] = ranks
+        fields["choices"] = choices
+        fields["groups"] = groups
+        fields["incomplete"] = incomplete
+        return result
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -3,8 +3,9 @@
 Starting a fresh greenlet and letting it finish costs several microseconds
 (each one allocates its own interpreter data stack), about as much as the rest
 of the simulator's per-rank work together. A worker therefore never finishes:
-it runs one rank's program, reports back to the hub, and waits for the next
-rank, in this run or a later one. A worker whose rank was ended by
+it runs one rank's program, passes the baton on (to the next rank, or to the
+hub when none can run), and waits for the next rank, in this run or a later
+one. A worker whose rank was ended by
 ``GreenletExit`` is idle again afterwards and goes back to the pool too.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Protocol
 
-from greenlet import greenlet
+from greenlet import getcurrent, greenlet
 
 #: Idle workers kept per thread; more are created on demand and dropped after.
 MAX_IDLE_WORKERS = 1024
@@ -22,46 +23,72 @@ MAX_IDLE_WORKERS = 1024
 class RankRunner(Protocol):
     """What a worker needs from the scheduler that hands it a rank."""
 
-    hub: greenlet | None
-
     def run_rank(self, rank: int) -> None: ...
+
+    def after_rank(self) -> greenlet: ...
 
 
 Task = tuple[RankRunner, int]
 
 
-def _worker_loop(task: Task) -> None:
+class Worker(greenlet):
+    """A pooled greenlet; ``task`` is the rank it runs when next switched to idle."""
+
+    task: Task | None = None
+
+
+def _worker_loop() -> None:
+    # The task comes as an attribute of the worker, set by whoever switches to
+    # it, not as the switch's value: the switch that parks an idle worker is
+    # then made with nothing of the finished run on this frame.
+    me = getcurrent()
+    assert isinstance(me, Worker)
+    target = me.parent  # a new worker parks in whoever created it: see take()
+    assert target is not None
     while True:
+        target.switch()
+        task = me.task
+        assert task is not None
+        me.task = None
         runner, rank = task
+        del task
         runner.run_rank(rank)
-        hub = runner.hub
-        assert hub is not None
-        # Hold nothing of the finished run while idle.
-        del task, runner
-        task = hub.switch()
+        target = runner.after_rank()
+        del runner
 
 
 class _Pool(threading.local):
     def __init__(self) -> None:
-        self.idle: list[greenlet] = []
+        self.idle: list[Worker] = []
 
 
 _POOL = _Pool()
 
 
-def take(count: int, hub: greenlet) -> list[greenlet]:
-    """``count`` workers, each to be started with ``worker.switch((runner, rank))``."""
+def take(count: int, hub: greenlet) -> list[Worker]:
+    """``count`` workers; start one with ``worker.task = (runner, rank); worker.switch()``."""
     idle = _POOL.idle
     workers = []
     for _ in range(count):
-        worker = idle.pop() if idle else greenlet(_worker_loop)
+        if idle:
+            worker = idle.pop()
+        else:
+            # Started here, where it parks at once: a greenlet begins at the
+            # recursion depth of the one that starts it, so one started by a
+            # rank deep in its program would add that depth to its own, and
+            # ranks starting one another would overflow at a few hundred.
+            worker = Worker(_worker_loop)
+            worker.switch()
         # Where an exception that escapes a rank (KeyboardInterrupt) surfaces.
-        worker.parent = hub
+        # Usually already so: runs in a row share a hub. Setting it checks for
+        # cycles, which costs more than this test.
+        if worker.parent is not hub:
+            worker.parent = hub
         workers.append(worker)
     return workers
 
 
-def give_back(workers: list[greenlet]) -> None:
+def give_back(workers: list[Worker]) -> None:
     """Return workers that are idle (waiting for a task) to the pool."""
     idle = _POOL.idle
     for worker in workers:

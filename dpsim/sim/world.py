@@ -100,6 +100,7 @@ class SimWorld:
         # Made on a rank's first dp_group() call: most runs never ask on most
         # ranks' behalf more than once, and some never ask at all.
         self._dp_views: list[GroupCoordinatorView | None] = [None] * world_size
+        self._dp_shared: dict[str, Any] | None = None
 
     def group(self, name: str) -> SimProcessGroup:
         """The process group handle declared as ``name``, to pass as ``group=``."""
@@ -118,15 +119,16 @@ class SimWorld:
         position = self._dp_device.position[rank]
         if position < 0:
             raise runtime.NoDPGroupError(f"rank {rank} is not in the DP group")
-        return GroupCoordinatorView(
-            self.dist,
-            "dp",
-            rank,
-            position,
-            self._dp_members,
-            self._dp_cpu.handle,
-            self._dp_device.handle,
-        )
+        shared = self._dp_shared
+        if shared is None:
+            shared = self._dp_shared = GroupCoordinatorView.shared_attributes(
+                self.dist,
+                "dp",
+                self._dp_members,
+                self._dp_cpu.handle,
+                self._dp_device.handle,
+            )
+        return GroupCoordinatorView.for_member(shared, rank, position)
 
     def pp_group(self) -> runtime.GroupCoordinatorLike:
         return runtime.SINGLE_PIPELINE_STAGE
