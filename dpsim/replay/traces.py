@@ -35,13 +35,13 @@ from dpsim.sim.trace import (
     ErrorInfo,
     Event,
     IncompleteCollective,
-    Outcome,
     Peer,
     RankState,
     RankTrace,
     Signature,
     SimResult,
     WaitInfo,
+    decide_outcome,
 )
 from dpsim.sim.world import DEFAULT_GROUP_NAMES
 
@@ -199,19 +199,8 @@ def build_result(logs: list[RankLogData]) -> SimResult:
             incomplete.append(
                 IncompleteCollective(group, seq, entered, missing, mismatched)
             )
-    states = {trace.state for trace in traces}
-    if RankState.RAISED in states:
-        outcome = Outcome.CRASH
-    elif RankState.BUDGET in states:
-        outcome = Outcome.BUDGET
-    elif any(item.mismatched for item in incomplete):
-        outcome = Outcome.MISMATCH
-    elif incomplete or RankState.WAITING in states:
-        outcome = Outcome.HANG
-    else:
-        outcome = Outcome.OK
     return SimResult(
-        outcome=outcome,
+        outcome=decide_outcome({trace.state for trace in traces}, incomplete),
         ranks=tuple(traces),
         choices=(),
         groups=tuple((name, members) for name in DEFAULT_GROUP_NAMES),

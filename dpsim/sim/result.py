@@ -18,13 +18,13 @@ from dpsim.sim.trace import (
     CollectiveRecord,
     Event,
     IncompleteCollective,
-    Outcome,
     Peer,
     RankState,
     RankTrace,
     Signature,
     SimResult,
     WaitInfo,
+    decide_outcome,
 )
 from dpsim.sim.world import SimWorld
 
@@ -150,17 +150,7 @@ def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
             )
         )
     incomplete = _incomplete(dist)
-    states = {trace.state for trace in traces} if traces else set()
-    if RankState.RAISED in states:
-        outcome = Outcome.CRASH
-    elif RankState.BUDGET in states:
-        outcome = Outcome.BUDGET
-    elif any(item.mismatched for item in incomplete):
-        outcome = Outcome.MISMATCH
-    elif incomplete or RankState.WAITING in states:
-        outcome = Outcome.HANG
-    else:
-        outcome = Outcome.OK
+    outcome = decide_outcome({trace.state for trace in traces}, incomplete)
     return SimResult.unchecked(
         outcome,
         tuple(traces),

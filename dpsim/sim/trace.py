@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -400,6 +400,23 @@ class IncompleteCollective:
             "missing": list(self.missing),
             "mismatched": self.mismatched,
         }
+
+
+def decide_outcome(
+    states: Collection[RankState], incomplete: Collection[IncompleteCollective]
+) -> Outcome:
+    """The run's outcome from its ranks' end states and unfinished collectives,
+    by :data:`OUTCOME_PRECEDENCE`. The simulator and the real lane both call
+    this, so they judge a run the same way."""
+    if RankState.RAISED in states:
+        return Outcome.CRASH
+    if RankState.BUDGET in states:
+        return Outcome.BUDGET
+    if any(item.mismatched for item in incomplete):
+        return Outcome.MISMATCH
+    if incomplete or RankState.WAITING in states:
+        return Outcome.HANG
+    return Outcome.OK
 
 
 @dataclass(frozen=True)
