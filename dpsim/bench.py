@@ -96,7 +96,9 @@ def corpus_entries() -> list[tuple[str, Target, CheckOptions]]:
     entries = []
     for entry in corpus.CORPUS:
         path = corpus.materialize(entry, directory)
-        options = CheckOptions(scenarios=(entry.scenario,))
+        options = CheckOptions(
+            scenarios=(entry.scenario,), profile=entry.profile, policy=entry.policy
+        )
         entries.append((entry.name, load_target(entry.vllm, path), options))
     return entries
 
