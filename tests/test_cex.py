@@ -12,8 +12,8 @@ import runpy
 from pathlib import Path
 from typing import Any
 
+import faults as faulty
 import pytest
-import replay_faults as faulty
 
 from dpsim import cex
 from dpsim.cex import files

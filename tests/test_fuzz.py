@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from suite_faults import OWN_PADDING, RELEASE, write_faulty
+from faults import OWN_PADDING, RELEASE, write_faulty
 
 from dpsim import cex
 from dpsim.cli import main

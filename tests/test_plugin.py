@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faults import OWN_PADDING, RELEASE, write_faulty
 from hypothesis.database import (
     DirectoryBasedExampleDatabase,
     MultiplexedDatabase,
 )
-from suite_faults import OWN_PADDING, RELEASE, write_faulty
 
 import dpsim.suite.test_dp_sync as suite_module
 from dpsim import cex

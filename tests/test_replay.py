@@ -13,8 +13,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import faults as faulty
 import pytest
-import replay_faults as faulty
 
 from dpsim import cex
 from dpsim.cli import main

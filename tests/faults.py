@@ -1,8 +1,10 @@
-"""Hand-written dp_utils-shaped targets with known faults, for cex and replay tests.
+"""Hand-written dp_utils-shaped targets with known faults, for the tests.
 
-Each runs against vLLM 0.20.0's manager and enums (its API: a token-count
-tensor as the agreement). They are dpsim's own code, written for the tests,
-not vLLM's.
+The ``*_SOURCE``-style constants are dpsim's own code, written for the tests
+against vLLM 0.20.0's manager and enums (its API: a token-count tensor as the
+agreement), not vLLM's. ``faulty_source`` instead derives a faulty file at
+test time from a cached release's own dp_utils.py (never committed) with one
+line changed, so the suite has a real bug to find in real code.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.scenarios import Case, RankBatch
+from dpsim.targets.cache import ensure_release
 
 BASE = "0.20.0"
 
@@ -152,3 +155,59 @@ def idle_case_on_033(directory: Path) -> Path:
     return cex.write(
         cex.files.build(target, case, result, verdicts, PROPERTY_NAMES), directory
     )
+
+
+#: A dp_utils that votes on tokens and eager mode (0.20 API). ``PAD_FROM``
+#: decides whose token count the shared graph is chosen from: the rank's own
+#: (a bug) or the agreed maximum (correct).
+VOTING = (
+    _HEADER
+    + """
+
+def dispatch_cg_and_sync_dp(cudagraph_manager, num_reqs, num_tokens,
+                            uniform_token_count, dp_size, dp_rank, need_eager=False):
+    if dp_size == 1:
+        return cudagraph_manager.dispatch(num_reqs, num_tokens, uniform_token_count), None
+    votes = torch.zeros(2, dp_size, dtype=torch.int32)
+    votes[0][dp_rank] = num_tokens
+    votes[1][dp_rank] = 0 if need_eager else 1
+    dist.all_reduce(votes, group=get_dp_group().cpu_group)
+    counts = votes[0]
+    if int(counts.max()) == 0:
+        return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=0, num_reqs=0), None
+    if int(votes[1].min()) == 0:
+        own = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
+        return own, counts
+    chosen = cudagraph_manager.dispatch(num_reqs, PAD_FROM, None)
+    if chosen.cg_mode == CUDAGraphMode.NONE:
+        chosen = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
+        return chosen, counts
+    counts[:] = chosen.num_tokens
+    return chosen, counts
+"""
+)
+
+
+RELEASE = BASE
+DP_UTILS = "v1/worker/gpu/dp_utils.py"
+
+#: Each rank pads to its own token count instead of the maximum: ranks
+#: disagree only when their batches differ, so a search has to look for it
+#: (the simplest case, Hypothesis' first, passes).
+OWN_PADDING = (
+    "synced_num_tokens = int(num_tokens_across_dp.max().item())",
+    "synced_num_tokens = num_tokens",
+)
+
+
+def faulty_source(change: tuple[str, str]) -> str:
+    original = (ensure_release(RELEASE) / DP_UTILS).read_text()
+    before, after = change
+    assert original.count(before) == 1, f"{RELEASE}'s dp_utils changed: {before!r}"
+    return original.replace(before, after)
+
+
+def write_faulty(change: tuple[str, str], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(faulty_source(change))
+    return path
