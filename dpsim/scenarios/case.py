@@ -22,36 +22,18 @@ BATCH_KINDS = ("decode", "mixed", "prefill", "dummy", "idle", "profile", "batch"
 
 
 @dataclass(frozen=True)
-class RankBatch:
-    """What one rank passes to one sync (see :class:`SyncInputs`), and why."""
+class RankBatch(SyncInputs):
+    """What one rank passes to one sync (its :class:`SyncInputs`), and why.
 
-    num_reqs: int
-    num_tokens: int
-    uniform_token_count: int | None = None
-    max_query_len: int | None = None
-    need_eager: bool = False
-    num_active_loras: int = 0
-    allow_ubatching: bool = False
-    uniform_decode: bool = False
-    allow_skip_drafts: bool = False
+    ``kind`` says how the batch came about, for people reading a
+    counterexample; the sync never sees it.
+    """
+
     kind: str = "batch"
 
     @property
     def has_work(self) -> bool:
         return self.num_tokens > 0
-
-    def inputs(self) -> SyncInputs:
-        return SyncInputs(
-            num_reqs=self.num_reqs,
-            num_tokens=self.num_tokens,
-            uniform_token_count=self.uniform_token_count,
-            max_query_len=self.max_query_len,
-            need_eager=self.need_eager,
-            num_active_loras=self.num_active_loras,
-            allow_ubatching=self.allow_ubatching,
-            uniform_decode=self.uniform_decode,
-            allow_skip_drafts=self.allow_skip_drafts,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in _BATCH_FIELDS}

@@ -85,7 +85,7 @@ def sync(
     try:
         native_descriptor, native_agreement = setting.target.api.call(
             manager,
-            batch.inputs(),
+            batch,
             setting.dp_size,
             rank,
             parallel_config=setting.parallel_config,
