@@ -12,6 +12,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from dpsim.errors import UsageError
 
@@ -45,6 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for module in command_modules():
         module.register(commands)
+    return parser
+
+
+def add_command(
+    commands: Any, name: str, help: str, epilog: str
+) -> argparse.ArgumentParser:
+    """A sub-command whose help is also its description, with examples kept as written."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        name,
+        help=help,
+        description=help,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     return parser
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from dpsim import bench
+from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.targets import load_target
 
@@ -26,13 +27,7 @@ MEASURES = ("sim", "check", "corpus")
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "bench",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "bench", HELP, EPILOG)
     parser.add_argument("--vllm", default="0.29.0", metavar="SPEC")
     parser.add_argument(
         "--ranks", type=int, action="append", metavar="N", help="DP sizes (repeatable)"

@@ -17,6 +17,7 @@ from typing import Any
 from dpsim import cex
 from dpsim.capture.policy import load_policy
 from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, CheckReport, run_check
+from dpsim.cli import add_command
 from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTY_NAMES
@@ -45,30 +46,15 @@ to --out as JSON; `dpsim replay FILE` reruns it.
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "check",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "check", HELP, EPILOG)
     add_target_arguments(parser)
-    parser.add_argument(
-        "--scenario", action="append", default=[], metavar="NAME", choices=SCENARIOS
-    )
+    add_case_arguments(parser)
     parser.add_argument(
         "--property",
         action="append",
         default=[],
         metavar="NAME",
         choices=PROPERTY_NAMES,
-    )
-    parser.add_argument("--profile", default="caller", choices=PROFILES)
-    parser.add_argument(
-        "--ranks", default="2..16", metavar="LO..HI", help="DP sizes to try (or one N)"
-    )
-    parser.add_argument(
-        "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
     )
     parser.add_argument(
         "--examples",
@@ -89,6 +75,25 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
     parser.set_defaults(run=run)
+
+
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """What cases are drawn: scenarios, profile, DP sizes, a fixed policy."""
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="NAME",
+        choices=SCENARIOS,
+        help="only this scenario (repeatable; default: all the target runs)",
+    )
+    parser.add_argument("--profile", default="caller", choices=PROFILES)
+    parser.add_argument(
+        "--ranks", default="2..16", metavar="LO..HI", help="DP sizes to try (or one N)"
+    )
+    parser.add_argument(
+        "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
+    )
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:

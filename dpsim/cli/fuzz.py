@@ -14,11 +14,11 @@ import sys
 import time
 from typing import IO, Any
 
-from dpsim.cli.check import add_target_arguments
+from dpsim.cli import add_command
+from dpsim.cli.check import add_case_arguments, add_target_arguments
 from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
-from dpsim.scenarios import PROFILES, SCENARIOS
 from dpsim.suite.config import SuiteOptions
 
 HELP = "fuzz the property suite continuously, N processes sharing one database"
@@ -37,13 +37,7 @@ campaign found. Each new counterexample is written to --out.
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "fuzz",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "fuzz", HELP, EPILOG)
     add_target_arguments(parser)
     parser.add_argument(
         "--workers",
@@ -68,19 +62,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", default="dpsim-out", metavar="DIR", help="where counterexamples go"
     )
-    parser.add_argument(
-        "--scenario",
-        action="append",
-        default=[],
-        metavar="NAME",
-        choices=SCENARIOS,
-        help="fuzz only this scenario (repeatable; default: all)",
-    )
-    parser.add_argument("--profile", default="caller", choices=PROFILES)
-    parser.add_argument("--ranks", default="2..16", metavar="LO..HI")
-    parser.add_argument(
-        "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
-    )
+    add_case_arguments(parser)
     parser.add_argument(
         "--batch",
         type=int,

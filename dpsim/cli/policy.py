@@ -17,6 +17,7 @@ from typing import Any
 
 from dpsim.capture.policy import CapturePolicy, load_policy
 from dpsim.capture.table import capture_table
+from dpsim.cli import add_command
 from dpsim.cli.check import (
     _write_counterexample,  # the same file `dpsim check` writes, by its own code
     add_target_arguments,
@@ -60,13 +61,7 @@ examples:
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "policy",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "policy", HELP, EPILOG)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = actions.add_parser(
         "show",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsim import cex
+from dpsim.cli import add_command
 from dpsim.cli.check import add_target_arguments
 from dpsim.properties import Evidence
 from dpsim.replay import (
@@ -59,13 +60,7 @@ examples:
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "replay",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "replay", HELP, EPILOG)
     parser.add_argument("file", metavar="FILE", help="a counterexample JSON file")
     add_target_arguments(parser)
     parser.add_argument("--backend", default="sim", choices=("sim", *BACKENDS))

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import cache_root, cached_releases, ensure_release
@@ -27,13 +28,7 @@ examples:
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "targets",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "targets", HELP, EPILOG)
     parser.add_argument("specs", nargs="*", metavar="SPEC")
     parser.add_argument("--target", metavar="FILE", help="a single dp_utils.py")
     parser.add_argument("--vllm", metavar="SPEC", help="what --target runs against")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsim.check import CheckOptions
+from dpsim.cli import add_command
 from dpsim.cli.check import parse_ranks
 from dpsim.errors import UsageError
 from dpsim.scenarios import PROFILES
@@ -32,13 +33,7 @@ examples:
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser(
-        "versions",
-        help=HELP,
-        description=HELP,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = add_command(commands, "versions", HELP, EPILOG)
     parser.add_argument("specs", nargs="*", metavar="SPEC", help="releases or trees")
     parser.add_argument(
         "--target",
