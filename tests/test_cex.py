@@ -135,6 +135,19 @@ def test_another_version_says_whether_the_bug_is_still_there(
     assert main(["replay", str(idle_hang_file), "--target", str(again)]) == 1
 
 
+def test_a_case_another_version_cannot_take_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0.33.0's case passes uniform_decode, which 0.29.0's sync has no parameter for.
+    found = faulty.idle_case_on_033(tmp_path)
+    assert main(["replay", str(found), "--vllm", "0.29.0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "dpsim: error: cannot replay this case on vllm 0.29.0: the case passes "
+        "uniform_decode, which vllm 0.29.0's sync does not take"
+    ]
+
+
 def test_changed_sources_are_warned_about(
     idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

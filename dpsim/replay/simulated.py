@@ -20,6 +20,7 @@ from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
 from dpsim.properties import Verdict, judge, select
 from dpsim.scenarios import Case, PolicyRefused, run_case
+from dpsim.scenarios.run import why_not_runnable
 from dpsim.sim import ReplayChooser, ReplayDivergedError, SimResult
 from dpsim.targets import load_target
 from dpsim.targets.load import Target
@@ -106,6 +107,9 @@ def source_drift(counterexample: Counterexample, target: Target) -> tuple[str, .
 
 def replay_in_sim(counterexample: Counterexample, target: Target) -> Rerun:
     case = counterexample.case
+    reason = why_not_runnable(target, case)
+    if reason is not None:
+        raise UsageError(f"cannot replay this case on {target.label}: {reason}")
     properties = select(counterexample.properties)
     diverged = False
     try:

@@ -68,6 +68,22 @@ def _with_query_len(config: ManagerConfig, decode_query_len: int) -> ManagerConf
     return replace(config, decode_query_len=decode_query_len)
 
 
+def why_not_runnable(target: Target, case: Case) -> str | None:
+    """Why ``case`` cannot run on ``target`` at all (another version's case), or None."""
+    from .generate import scenarios_for
+
+    if case.scenario not in scenarios_for(target):
+        return f"{target.label} has no {case.scenario!r} scenario"
+    for step in case.steps:
+        for batch in step:
+            name = target.api.unsupported_input(batch)
+            if name is not None:
+                return (
+                    f"the case passes {name}, which {target.label}'s sync does not take"
+                )
+    return None
+
+
 def run_case(
     target: Target,
     case: Case,

@@ -176,13 +176,20 @@ class SyncAPI:
             dp_rank,
         )
 
-    def _refuse_unsupported(self, inputs: SyncInputs, reuse: Any) -> None:
+    def unsupported_input(self, inputs: SyncInputs) -> str | None:
+        """The first input set away from its default that this sync cannot take."""
         for name, feature in _OPTIONAL_INPUTS.items():
             default = SyncInputs.__dataclass_fields__[name].default
             if getattr(inputs, name) != default and feature not in self.parameters:
                 if name == "need_eager" and self.entry == SYNC_ONLY:
-                    continue
-                raise ValueError(f"this version's sync takes no {name}")
+                    continue  # emulated, as the 0.18-0.19 model runner did
+                return name
+        return None
+
+    def _refuse_unsupported(self, inputs: SyncInputs, reuse: Any) -> None:
+        name = self.unsupported_input(inputs)
+        if name is not None:
+            raise ValueError(f"this version's sync takes no {name}")
         if reuse is not None and self.reuse_parameter is None:
             raise ValueError("this version's sync cannot reuse an agreement")
 
