@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,8 @@ from dpsim.costs.workload import trace_path
 from dpsim.errors import UsageError
 from dpsim.report import describe_policy
 from dpsim.scenarios import PROFILES
-from dpsim.scenarios.run import PolicyRefused, manager_for
-from dpsim.targets import DEFAULT_RELEASE, load_target
+from dpsim.scenarios.run import PolicyRefused, manager_for, tables_for
+from dpsim.targets import DEFAULT_RELEASE, ManagerConfig, load_target
 from dpsim.targets.load import Target
 
 HELP = "show a policy's capture table, or validate policies: safety and cost"
@@ -86,41 +85,40 @@ def run_show(arguments: argparse.Namespace) -> int:
 
 
 def render_tables(target: Target, policy: CapturePolicy, dp_size: int) -> str:
-    sections = [_section(f"target table on {target.label}", target, policy, dp_size)]
+    tables = tables_for(target, policy, dp_size)
+    sections = [
+        _section(
+            f"target table on {target.label}",
+            target,
+            tables.target,
+            describe_policy(policy),
+        )
+    ]
     if policy.drafter is not None:
-        query_len = policy.decode_query_len
+        drafter = describe_policy(policy.drafter)
         sections.append(
             _section(
-                f"drafter prefill table (decode length {query_len}, as the target's)",
+                f"drafter prefill table (decode length {policy.decode_query_len}, "
+                "as the target's)",
                 target,
-                policy.drafter,
-                dp_size,
-                query_len,
+                tables.drafter_prefill,
+                drafter,
             )
         )
         sections.append(
             _section(
-                "drafter decode table (one token per request)",
+                f"drafter decode table (one token per request, "
+                f"{tables.drafter_decode.cudagraph_mode} as vLLM's speculator builds it)",
                 target,
-                policy.drafter,
-                dp_size,
-                1,
+                tables.drafter_decode,
+                drafter,
             )
         )
     return "\n\n".join(sections)
 
 
-def _section(
-    title: str,
-    target: Target,
-    policy: CapturePolicy,
-    dp_size: int,
-    decode_query_len: int | None = None,
-) -> str:
-    config = policy.manager_config(dp_size)
-    if decode_query_len is not None:
-        config = replace(config, decode_query_len=decode_query_len)
-    lines = [title, f"  policy: {describe_policy(policy)}"]
+def _section(title: str, target: Target, config: ManagerConfig, policy: str) -> str:
+    lines = [title, f"  policy: {policy}"]
     try:
         table = capture_table(manager_for(target, config))
     except PolicyRefused as refused:

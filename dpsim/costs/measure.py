@@ -12,14 +12,14 @@ vLLM's dummy batch, so the padding an idle rank causes is counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.capture.table import capture_table
 from dpsim.properties.base import Evidence
 from dpsim.scenarios import Case, RankBatch, run_case
 from dpsim.scenarios.generate import CallerModel
-from dpsim.scenarios.run import manager_for
+from dpsim.scenarios.run import manager_for, tables_for
 from dpsim.targets.load import Target
 
 from .figures import StepCost
@@ -106,11 +106,7 @@ def graph_count(target: Target, policy: CapturePolicy, dp_size: int) -> int:
         manager_for(target, policy.manager_config(dp_size))
     ).graph_count
     if policy.drafter is not None:
-        # The drafter keeps a prefill table (target's decode length) and a
-        # decode table (one token per request), as the drafter scenario runs.
-        for query_len in {policy.decode_query_len, 1}:
-            config = replace(
-                policy.drafter.manager_config(dp_size), decode_query_len=query_len
-            )
+        tables = tables_for(target, policy, dp_size)
+        for config in (tables.drafter_prefill, tables.drafter_decode):
             count += capture_table(manager_for(target, config)).graph_count
     return count

@@ -6,7 +6,7 @@ it returns the simulator's result untouched; properties judge it elsewhere.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim.capture.policy import CapturePolicy
@@ -40,32 +40,57 @@ def manager_for(target: Target, config: ManagerConfig) -> Any:
     return manager
 
 
+@dataclass(frozen=True)
+class Tables:
+    """The capture tables one policy gives a deployment: the target's, and the
+    drafter's prefill and decode tables (the target's own policy when there is
+    no separate drafter policy), as vLLM's autoregressive speculator builds them."""
+
+    target: ManagerConfig
+    drafter_prefill: ManagerConfig
+    drafter_decode: ManagerConfig
+
+
+def tables_for(target: Target, policy: CapturePolicy, dp_size: int) -> Tables:
+    drafter = policy.drafter or policy
+    # The drafter's prefill runs the target's batch shape, decode length included.
+    prefill = replace(
+        drafter.manager_config(dp_size), decode_query_len=policy.decode_query_len
+    )
+    return Tables(
+        policy.manager_config(dp_size), prefill, _drafter_decode(target, prefill)
+    )
+
+
 def setting_for(target: Target, case: Case) -> RankSetting:
-    policy = case.policy
     dp_size = case.dp_size
-    drafter: CapturePolicy = policy.drafter or policy
-    drafter_prefill = drafter.manager_config(dp_size)
-    if drafter_prefill.decode_query_len != policy.decode_query_len:
-        drafter_prefill = _with_query_len(drafter_prefill, policy.decode_query_len)
+    tables = tables_for(target, case.policy, dp_size)
     needs_drafter = case.scenario == "drafter"
     return RankSetting(
         target=target,
         dp_size=dp_size,
-        manager=manager_for(target, policy.manager_config(dp_size)),
+        manager=manager_for(target, tables.target),
         drafter_prefill_manager=(
-            manager_for(target, drafter_prefill) if needs_drafter else None
+            manager_for(target, tables.drafter_prefill) if needs_drafter else None
         ),
         drafter_decode_manager=(
-            manager_for(target, _with_query_len(drafter_prefill, 1))
-            if needs_drafter
-            else None
+            manager_for(target, tables.drafter_decode) if needs_drafter else None
         ),
-        parallel_config=target.parallel_config(dp_size, 0, policy.microbatching),
+        parallel_config=target.parallel_config(dp_size, 0, case.policy.microbatching),
     )
 
 
-def _with_query_len(config: ManagerConfig, decode_query_len: int) -> ManagerConfig:
-    return replace(config, decode_query_len=decode_query_len)
+def _drafter_decode(target: Target, prefill: ManagerConfig) -> ManagerConfig:
+    """The drafter's decode table, as vLLM's autoregressive speculator builds it:
+    one token per request, FULL graphs only (FULL_DECODE_ONLY) when the mode's
+    decode routine is FULL, else none at all (no PIECEWISE draft decodes)."""
+    modes = target.CUDAGraphMode
+    full_decodes = modes[prefill.cudagraph_mode].decode_mode() == modes.FULL
+    return replace(
+        prefill,
+        decode_query_len=1,
+        cudagraph_mode="FULL_DECODE_ONLY" if full_decodes else "NONE",
+    )
 
 
 def why_not_runnable(target: Target, case: Case) -> str | None:
