@@ -1,0 +1,229 @@
+"""``dpsim mutate``: how many plausible sync bugs would the properties catch?
+
+Exit status: 0 when every non-equivalent mutant was killed (or the score
+reached --min-score), 1 when some survived, 2 on a usage or target error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from dpsim.cli.check import add_target_arguments, parse_ranks
+from dpsim.errors import UsageError
+from dpsim.mutate import (
+    DEFAULT_EXAMPLES,
+    DEFAULT_SECONDS,
+    OPERATOR_NAMES,
+    Budget,
+    Outcome,
+    generate,
+    mutate,
+    render,
+    select_operators,
+    summary,
+    write,
+)
+from dpsim.scenarios import PROFILES
+from dpsim.targets import DEFAULT_RELEASE, load_target
+from dpsim.targets.load import DP_UTILS_MODULE
+
+HELP = "mutation testing: plant small bugs in the sync and count those caught"
+EPILOG = f"""\
+operators: {", ".join(OPERATOR_NAMES)} (default: all)
+
+Each mutant is the target's dp_utils.py with one small change to a sync
+function, written to a temporary directory and checked like `dpsim check`
+(same seed for every mutant) until a property fails. The score is killed /
+non-equivalent; mutants in the reviewed equivalent list are shown apart.
+
+examples:
+  dpsim mutate                                 newest release ({DEFAULT_RELEASE})
+  dpsim mutate --target ./dp_utils.py --vllm 0.29.0 --workers 2
+  dpsim mutate --vllm 0.33.0 --operators min-max all-any agreed-value
+  dpsim mutate --vllm 0.33.0 --limit 40 --json
+  dpsim mutate --vllm 0.33.0 --list            the mutants, not checked
+"""
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "mutate",
+        help=HELP,
+        description=HELP,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--operators",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="operators to apply (space- or comma-separated)",
+    )
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"cases per scenario and profile (default {DEFAULT_EXAMPLES})",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        metavar="N",
+        help="worker processes (default: one per core; 0 = in this process)",
+    )
+    parser.add_argument(
+        "--limit", type=int, metavar="N", help="check a seeded sample of N mutants"
+    )
+    parser.add_argument(
+        "--mutant",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="check only this mutant (repeatable), e.g. a survivor after a fix",
+    )
+    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument(
+        "--ranks", default="2..16", metavar="LO..HI", help="DP sizes to try (or one N)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        choices=PROFILES,
+        help="generator profiles to run (default: both)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=DEFAULT_SECONDS,
+        metavar="S",
+        help=f"wall-clock cap per mutant (default {DEFAULT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--equivalent",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="another reviewed list of equivalent mutants (TOML)",
+    )
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        metavar="PCT",
+        help="exit 0 when the score reaches PCT percent, survivors or not",
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="list the mutants without checking them"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--out", metavar="DIR", help="write mutate.json and each survivor's diff here"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    operators = select_operators(
+        name for value in arguments.operators for name in value.split(",") if name
+    )
+    if arguments.seconds <= 0:
+        raise UsageError("--seconds must be positive")
+    if arguments.min_score is not None and not 0 <= arguments.min_score <= 100:
+        raise UsageError("--min-score must be a percentage, 0 to 100")
+    if arguments.list:
+        return _list(arguments, operators)
+    budget = Budget(
+        examples=arguments.examples,
+        seed=arguments.seed,
+        ranks=parse_ranks(arguments.ranks),
+        profiles=tuple(dict.fromkeys(arguments.profile)) or PROFILES,
+        seconds=arguments.seconds,
+    )
+    progress = _Progress() if sys.stderr.isatty() and not arguments.json else None
+    try:
+        report = mutate(
+            arguments.vllm,
+            arguments.target,
+            operators=operators,
+            budget=budget,
+            workers=arguments.workers,
+            limit=arguments.limit,
+            only=tuple(arguments.mutant),
+            equivalent_lists=tuple(Path(path) for path in arguments.equivalent),
+            progress=progress,
+        )
+    finally:
+        if progress is not None:
+            progress.close()
+    if arguments.out:
+        write(report, Path(arguments.out))
+    if arguments.json:
+        print(json.dumps(summary(report), sort_keys=True))
+    else:
+        print(render(report))
+    if not report.survived and not report.timeouts:
+        return 0
+    if arguments.min_score is not None and report.score is not None:
+        return 0 if 100 * report.score >= arguments.min_score else 1
+    return 1 if report.survived else 0
+
+
+def _list(arguments: argparse.Namespace, operators: tuple[str, ...]) -> int:
+    target = load_target(arguments.vllm, arguments.target)
+    loaded = next(f for f in target.files if f.module == DP_UTILS_MODULE)
+    original = Path(loaded.path).read_text()
+    mutants = generate(original, operators)
+    if arguments.json:
+        listing = [
+            {
+                "id": mutant.id,
+                "operator": mutant.operator,
+                "function": mutant.function,
+                "line": mutant.line,
+                "description": mutant.description,
+                "diff": mutant.diff(original),
+            }
+            for mutant in mutants
+        ]
+        print(
+            json.dumps(
+                {"target": target.label, "sha256": loaded.sha256, "mutants": listing},
+                sort_keys=True,
+            )
+        )
+    else:
+        print(f"{target.label}: {len(mutants)} mutants (sha256 {loaded.sha256})")
+        for mutant in mutants:
+            print(f"  {mutant.id:<34} {mutant.function}: {mutant.description}")
+    return 0
+
+
+class _Progress:
+    """One status line on a terminal."""
+
+    def __init__(self) -> None:
+        self.killed = 0
+        self.drawn = False
+
+    def __call__(self, done: int, planned: int, outcome: Outcome) -> None:
+        self.killed += outcome.killed
+        line = f"mutants {done}/{planned} · killed {self.killed} · " + (
+            f"survived {done - self.killed}"
+        )
+        sys.stderr.write("\r" + line.ljust(60))
+        sys.stderr.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.drawn:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()

@@ -1,0 +1,205 @@
+"""Checking one mutant: ``dpsim check``'s own search, leg by leg, until a
+property fails.
+
+A *leg* is one scenario under one generator profile. Every mutant runs the
+same legs with the same seed, so until the mutant's behaviour departs from the
+original's, it sees exactly the cases the original passed: a failure is the
+mutation's doing, not a new draw. Legs run cheapest and likeliest first
+(``step`` before the rest), and the first failure ends the mutant.
+
+The original must pass first (:func:`baseline`). A property the original
+already breaks in a leg cannot kill a mutant there, so it is left out of that
+leg and reported, rather than making every mutant look killed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dpsim.check import CheckOptions, run_check
+from dpsim.properties import PROPERTY_NAMES
+from dpsim.scenarios import PROFILES
+from dpsim.scenarios.generate import DEFAULT_RANKS, scenarios_for
+from dpsim.targets import load_target
+from dpsim.targets.load import Target
+
+DEFAULT_EXAMPLES = 100
+DEFAULT_SECONDS = 60.0
+
+KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
+#: Killers that are not properties: the loader refused the mutant, dpsim itself
+#: raised on it, or the worker process died.
+LOAD, HARNESS, WORKER = "load", "harness", "worker"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard each mutant is tried."""
+
+    #: Cases per leg (scenario x profile), as ``dpsim check --examples``.
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 0
+    ranks: tuple[int, int] = DEFAULT_RANKS
+    profiles: tuple[str, ...] = PROFILES
+    #: Wall-clock cap per mutant: no leg starts past it (the mutant survives),
+    #: and a worker still busy at twice it is terminated (a timeout).
+    seconds: float = DEFAULT_SECONDS
+
+    @property
+    def hard_limit(self) -> float:
+        return 2 * self.seconds + 30
+
+
+@dataclass(frozen=True)
+class Leg:
+    scenario: str
+    profile: str
+    properties: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A property the original already breaks in one leg."""
+
+    scenario: str
+    profile: str
+    property: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every mutant runs: the base to load it on, and the legs."""
+
+    vllm: str | None
+    legs: tuple[Leg, ...]
+    budget: Budget
+    exclusions: tuple[Exclusion, ...] = ()
+    #: Seconds the original took over every leg: what a survivor costs.
+    baseline_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Job:
+    mutant_id: str
+    path: str
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Outcome:
+    mutant_id: str
+    status: str
+    #: The property that failed first, or LOAD / HARNESS / WORKER.
+    killer: str | None = None
+    scenario: str | None = None
+    profile: str | None = None
+    message: str | None = None
+    #: Seconds from loading the mutant to its first failing case.
+    seconds: float | None = None
+    #: Seconds spent on it in all (a killed one also shrank its case).
+    elapsed: float = 0.0
+
+    @property
+    def killed(self) -> bool:
+        return self.status in (KILLED, TIMEOUT)
+
+
+def _options(leg: Leg, budget: Budget) -> CheckOptions:
+    return CheckOptions(
+        scenarios=(leg.scenario,),
+        # All of them spelled out: an empty tuple would mean every property.
+        properties=leg.properties,
+        profile=leg.profile,
+        ranks=budget.ranks,
+        examples=budget.examples,
+        seed=budget.seed,
+    )
+
+
+def _order(scenarios: tuple[str, ...]) -> tuple[str, ...]:
+    # step is the cheapest case and kills most mutants; the rest as listed.
+    return tuple(sorted(scenarios, key=lambda name: name != "step"))
+
+
+def baseline(target: Target, vllm: str | None, budget: Budget) -> Plan:
+    """The legs the original passes, leaving out what it already breaks."""
+    started = time.perf_counter()
+    legs = []
+    exclusions: list[Exclusion] = []
+    for scenario in _order(scenarios_for(target)):
+        for profile in budget.profiles:
+            properties = PROPERTY_NAMES
+            while properties:
+                leg = Leg(scenario, profile, properties)
+                run = run_check(target, _options(leg, budget)).runs[0]
+                if run.finding is None:
+                    legs.append(leg)
+                    break
+                broken = {verdict.property for verdict in run.finding.verdicts}
+                exclusions.extend(
+                    Exclusion(scenario, profile, verdict.property, str(verdict))
+                    for verdict in run.finding.verdicts
+                )
+                properties = tuple(name for name in properties if name not in broken)
+    return Plan(
+        vllm=vllm,
+        legs=tuple(legs),
+        budget=budget,
+        exclusions=tuple(exclusions),
+        baseline_seconds=time.perf_counter() - started,
+    )
+
+
+def check_mutant(job: Job) -> Outcome:
+    """Run ``job``'s mutant through every leg until one fails.
+
+    The wall-clock cap is checked between legs, never inside one: a leg cut
+    short while it shrinks a failure would lose a kill. A leg is bounded by
+    its examples (and each case by the simulator's step budget); a worker
+    that still overruns is the pool's to stop.
+    """
+    started = time.perf_counter()
+
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    try:
+        target = load_target(job.plan.vllm, job.path)
+    except Exception as error:
+        message = f"{type(error).__name__}: {error}"
+        return Outcome(job.mutant_id, KILLED, LOAD, message=message, seconds=elapsed())
+    for leg in job.plan.legs:
+        leg_started = elapsed()
+        if leg_started > job.plan.budget.seconds:
+            cap = f"wall-clock cap of {job.plan.budget.seconds:g}s reached"
+            return Outcome(job.mutant_id, SURVIVED, message=cap, elapsed=leg_started)
+        try:
+            run = run_check(target, _options(leg, job.plan.budget)).runs[0]
+        except Exception as error:
+            # dpsim itself tripped over what the mutant returned: any check
+            # run on this file fails, so the mutant does not go unnoticed.
+            return Outcome(
+                job.mutant_id,
+                KILLED,
+                HARNESS,
+                leg.scenario,
+                leg.profile,
+                f"{type(error).__name__}: {error}",
+                elapsed(),
+                elapsed(),
+            )
+        if run.finding is not None:
+            primary = run.finding.primary
+            return Outcome(
+                job.mutant_id,
+                KILLED,
+                primary.property,
+                leg.scenario,
+                leg.profile,
+                str(primary),
+                leg_started + (run.first_failure_seconds or run.seconds),
+                elapsed(),
+            )
+    return Outcome(job.mutant_id, SURVIVED, elapsed=elapsed())

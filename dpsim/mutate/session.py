@@ -1,0 +1,206 @@
+"""One mutation-testing run: mutants of a target's dp_utils, checked, scored.
+
+Why mutation testing here: a property suite that passes says nothing about
+the bugs it would miss. Planting small plausible bugs in the real sync
+function, one at a time, and asking whether some property fails measures
+that, and each mutant that survives points at a missing property or case.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpsim.errors import TargetError, UsageError
+from dpsim.mutate import equivalent
+from dpsim.mutate.mutants import Mutant, generate, select_operators
+from dpsim.mutate.pool import run_jobs
+from dpsim.mutate.run import (
+    KILLED,
+    SURVIVED,
+    TIMEOUT,
+    Budget,
+    Job,
+    Outcome,
+    Plan,
+    baseline,
+    check_mutant,
+)
+from dpsim.targets import load_target
+from dpsim.targets.load import DP_UTILS_MODULE
+
+#: Called as ``progress(done, planned, outcome)`` after each mutant.
+Progress = Callable[[int, int, Outcome], None]
+
+
+@dataclass(frozen=True)
+class Result:
+    mutant: Mutant
+    outcome: Outcome
+    #: The reviewed reason, when the mutant is listed as equivalent.
+    equivalent: str | None = None
+
+
+@dataclass(frozen=True)
+class MutationReport:
+    target: str
+    #: The dp_utils.py mutated, and the SHA-256 of its text.
+    file: str
+    sha256: str
+    original: str
+    plan: Plan
+    operators: tuple[str, ...]
+    #: Mutants generated before --limit.
+    generated: int
+    results: tuple[Result, ...]
+    workers: int
+    seconds: float
+
+    @property
+    def equivalent(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.results if r.equivalent is not None)
+
+    @property
+    def scored(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.results if r.equivalent is None)
+
+    @property
+    def killed(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.scored if r.outcome.killed)
+
+    @property
+    def survived(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.scored if r.outcome.status == SURVIVED)
+
+    @property
+    def timeouts(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.scored if r.outcome.status == TIMEOUT)
+
+    @property
+    def wrongly_equivalent(self) -> tuple[Result, ...]:
+        """Listed as equivalent, yet killed: the list entry is wrong."""
+        return tuple(r for r in self.equivalent if r.outcome.status == KILLED)
+
+    @property
+    def score(self) -> float | None:
+        """Killed / non-equivalent; None when nothing was scored."""
+        return len(self.killed) / len(self.scored) if self.scored else None
+
+    def kill_seconds(self) -> dict[str, float | None]:
+        times = sorted(
+            r.outcome.seconds for r in self.killed if r.outcome.seconds is not None
+        )
+        if not times:
+            return {"median": None, "p90": None, "max": None}
+        return {
+            "median": statistics.median(times),
+            "p90": _quantile(times, 0.9),
+            "max": times[-1],
+        }
+
+    def killed_by(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for result in self.killed:
+            killer = result.outcome.killer or result.outcome.status
+            counts[killer] = counts.get(killer, 0) + 1
+        return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    # Nearest rank: a value that was measured, not an interpolation.
+    index = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def mutate(
+    vllm: str | None,
+    target_file: str | None = None,
+    *,
+    operators: tuple[str, ...] | None = None,
+    budget: Budget | None = None,
+    workers: int = 1,
+    limit: int | None = None,
+    only: tuple[str, ...] = (),
+    equivalent_lists: tuple[Path, ...] = (),
+    progress: Progress | None = None,
+) -> MutationReport:
+    """Mutate the target's dp_utils.py and check every mutant.
+
+    ``only`` keeps the mutants with those ids (re-checking survivors after a
+    fix). ``workers`` 0 checks in this process (no hard time limit: for tests and
+    debugging); N >= 1 uses N worker processes.
+    """
+    budget = budget or Budget()
+    if workers < 0:
+        raise UsageError("--workers must be at least 0")
+    if limit is not None and limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if budget.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    started = time.perf_counter()
+    chosen = select_operators(operators)
+    target = load_target(vllm, target_file)
+    loaded = next(f for f in target.files if f.module == DP_UTILS_MODULE)
+    original = Path(loaded.path).read_text()
+    mutants = generate(original, chosen)
+    generated = len(mutants)
+    if only:
+        known = {mutant.id for mutant in mutants}
+        unknown = [mutant_id for mutant_id in only if mutant_id not in known]
+        if unknown:
+            raise UsageError(
+                f"no mutant {unknown[0]!r} in {target.label} "
+                "(dpsim mutate --list shows them)"
+            )
+        mutants = tuple(mutant for mutant in mutants if mutant.id in only)
+    if limit is not None and limit < generated:
+        # A seeded sample spread over the file, not the first N lines.
+        picked = sorted(random.Random(budget.seed).sample(range(generated), limit))
+        mutants = tuple(mutants[index] for index in picked)
+    listed = equivalent.for_file(loaded.sha256, equivalent_lists)
+    # Each mutant replaces dp_utils.py on the same base the original ran on.
+    plan = baseline(target, vllm, budget)
+    if not plan.legs:
+        raise TargetError(
+            f"{target.label} fails every property in every scenario; "
+            "mutation testing needs a target that passes (see dpsim check)"
+        )
+    outcomes: dict[str, Outcome] = {}
+    with tempfile.TemporaryDirectory(prefix="dpsim-mutants-") as directory:
+        jobs = []
+        for index, mutant in enumerate(mutants):
+            path = Path(directory) / f"m{index:04d}_dp_utils.py"
+            path.write_text(mutant.text)
+            jobs.append(Job(mutant.id, str(path), plan))
+        for outcome in _outcomes(jobs, workers, budget):
+            outcomes[outcome.mutant_id] = outcome
+            if progress is not None:
+                progress(len(outcomes), len(jobs), outcome)
+    results = tuple(
+        Result(mutant, outcomes[mutant.id], listed.get(mutant.id)) for mutant in mutants
+    )
+    return MutationReport(
+        target=target.label,
+        file=loaded.path,
+        sha256=loaded.sha256,
+        original=original,
+        plan=plan,
+        operators=chosen,
+        generated=generated,
+        results=results,
+        workers=workers,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _outcomes(jobs: list[Job], workers: int, budget: Budget) -> Iterator[Outcome]:
+    if workers == 0:
+        for job in jobs:
+            yield check_mutant(job)
+    elif jobs:
+        yield from run_jobs(jobs, workers, budget.hard_limit)
