@@ -26,6 +26,7 @@ from dpsim.properties import Property, Verdict, judge, select
 from dpsim.scenarios import Case, PolicyRefused, run_case
 from dpsim.scenarios.generate import DEFAULT_RANKS, cases, scenarios_for
 from dpsim.sim import SimResult
+from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
 
 DEFAULT_EXAMPLES = 300
@@ -115,6 +116,7 @@ def run_check(
             raise UsageError(
                 f"{target.label} has no {name!r} scenario; it runs: {', '.join(available)}"
             )
+    reset_pool()  # see its docstring: pooled workers stay within one search
     runs = tuple(
         _check_scenario(target, name, properties, options, progress) for name in chosen
     )

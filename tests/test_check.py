@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,41 @@ def test_real_finding_an_idle_rank_in_a_busy_eager_step_is_told_zero_tokens() ->
     assert idle_sync["agreement"] is not None  # ...while the ranks agreed to run
     assert idle_sync["agreement"]["eager"] is True
     assert result.outcome.value == "ok"  # branching on the agreement, nobody hangs
+
+
+def test_searches_in_a_row_survive_a_torch_error_in_a_pooled_rank(
+    tmp_path: Path,
+) -> None:
+    """Regression: greenlets pooled across several searches crashed the process
+    (SIGSEGV) when a torch C++ IndexError was raised in one. Run in a child
+    process, so a crash fails this test instead of the test run."""
+    script = tmp_path / "searches.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import re
+            from pathlib import Path
+            from dpsim.check import CheckOptions, run_check
+            from dpsim.corpus import reference_path
+            from dpsim.targets import load_target
+
+            reference = reference_path("v29").read_text()
+            rows = int(re.search(r"^ROWS = (\\d+)", reference, re.M).group(1))
+            wide = Path({str(tmp_path / "wide.py")!r})
+            narrow = Path({str(tmp_path / "narrow.py")!r})
+            wide.write_text(reference.replace(f"ROWS = {{rows}}", f"ROWS = {{rows + 1}}"))
+            narrow.write_text(reference.replace(f"ROWS = {{rows}}", f"ROWS = {{rows - 1}}"))
+            for scenario in ("step", "drafter", "profile"):
+                options = CheckOptions(scenarios=(scenario,), examples=100)
+                assert run_check(load_target("0.29.0", wide), options).passed
+            options = CheckOptions(scenarios=("step",), examples=100)
+            finding = run_check(load_target("0.29.0", narrow), options).runs[0].finding
+            print(finding.primary.property)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "no-error"

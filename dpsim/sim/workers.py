@@ -88,6 +88,20 @@ def take(count: int, hub: greenlet) -> list[Worker]:
     return workers
 
 
+def reset_pool() -> None:
+    """Drop the idle workers; the next runs start fresh ones.
+
+    Called where a new search begins (``dpsim.check.run_check``). Workers that
+    had served runs of several earlier searches crashed the interpreter
+    (SIGSEGV) when a torch C++ exception was then raised in one of them, while
+    fresh workers never did (``tests/test_check.py`` reproduces it in a child
+    process). The root cause, somewhere in greenlet's stack switching under
+    C++ unwinding, is not pinned down; reuse within one search keeps nearly
+    all of the pool's speed.
+    """
+    _POOL.idle.clear()
+
+
 def give_back(workers: list[Worker]) -> None:
     """Return workers that are idle (waiting for a task) to the pool."""
     idle = _POOL.idle
