@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
@@ -65,7 +66,7 @@ def failing(
     """Record one phase per rank as given; return the names of failing properties."""
 
     def program(rank: int) -> None:
-        payload = {"phase": "step 0", **records[rank]}
+        payload = {"phase": "step 0", "reused": False, **records[rank]}
         record(SYNC_EVENT, **payload)
         if "error" in payload:
             raise AssertionError(payload["error"])
@@ -291,3 +292,90 @@ def test_unknown_property_names_are_refused() -> None:
     with pytest.raises(UsageError, match="unknown property 'agreemnt'"):
         select(["agreemnt"])
     assert [prop.name for prop in select(["idle"])] == ["idle"]
+
+
+def test_agreed_values_flags_a_wrong_value_every_rank_shares() -> None:
+    # Same on both ranks, so `agreement` holds; but no rank has a uniform length.
+    records = [
+        {
+            "inputs": batch(2),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2], uniform_token_count=1),
+        },
+    ] * 2
+    assert failing(records) == ["agreed-values"]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "descriptor", "agreement"),
+    [
+        # A request bound below a rank's batch.
+        (batch(4, 3), chose("PIECEWISE", 4), agreed([4, 4], num_reqs=2)),
+        # Drafts skipped though a rank did not allow it.
+        (batch(2), chose("FULL", 2, 2), agreed([2, 2], skip_drafts=True)),
+        # Agreed eager while the ranks replay graphs.
+        (batch(2), chose("FULL", 2, 2), agreed([2, 2], eager=True)),
+    ],
+)
+def test_agreed_values_flags_request_bound_skip_drafts_and_eager(
+    inputs: dict, descriptor: dict, agreement: dict
+) -> None:
+    records = [{"inputs": inputs, "descriptor": descriptor, "agreement": agreement}] * 2
+    assert "agreed-values" in failing(records)
+
+
+def test_agreed_values_accepts_a_full_graphs_padded_request_bound() -> None:
+    records = [
+        {
+            "inputs": batch(3, 3),
+            "descriptor": chose("FULL", 4, 4),
+            "agreement": agreed([4, 4], num_reqs=4),
+        },
+        {
+            "inputs": batch(2, 2),
+            "descriptor": chose("FULL", 4, 4),
+            "agreement": agreed([4, 4], num_reqs=4),
+        },
+    ]
+    assert failing(records) == []
+
+
+def reuse_run(
+    resync: bool, reused_agreement: dict[str, Any], runs: int = 2
+) -> list[str]:
+    """A fresh sync, then a reusing one; ``resync`` makes the reuse all-reduce again."""
+    fresh = {
+        "inputs": batch(2),
+        "descriptor": chose("FULL", 2, 2),
+        "agreement": agreed([2, 2]),
+    }
+
+    def program(rank: int) -> None:
+        world = current_world()
+        world.dist.all_reduce(torch.zeros(2), group=world.group("dp_cpu"))
+        record(SYNC_EVENT, phase="step 0", reused=False, **fresh)
+        if resync:
+            world.dist.all_reduce(torch.zeros(2), group=world.group("dp_cpu"))
+        record(
+            SYNC_EVENT,
+            phase="drafter prefill 0",
+            reused=True,
+            inputs=batch(runs),
+            descriptor=chose("FULL", runs, runs),
+            agreement=reused_agreement,
+        )
+
+    result = simulate(program, ranks=2)
+    case = Case("drafter", "contract", POLICY, ((RankBatch(2, 2), RankBatch(2, 2)),))
+    return [verdict.property for verdict in judge(case, result)]
+
+
+def test_reuse_flags_a_second_sync_and_a_changed_agreement_but_allows_padding() -> None:
+    assert reuse_run(resync=False, reused_agreement=agreed([2, 2])) == []
+    padded_further = agreed([4, 4])
+    assert reuse_run(resync=False, reused_agreement=padded_further, runs=4) == []
+    assert reuse_run(resync=True, reused_agreement=agreed([2, 2])) == ["reuse"]
+    assert reuse_run(resync=False, reused_agreement=agreed([2, 2], eager=True)) == [
+        "reuse"
+    ]
+    assert reuse_run(resync=False, reused_agreement=agreed([1, 1]), runs=1) == ["reuse"]

@@ -458,6 +458,57 @@ WITNESSES: tuple[FaultyTarget, ...] = (
         scenario="ubatch",
         policy=_TWO_WAY_SPLIT,
     ),
+    FaultyTarget(
+        name="witness-agreed-values",
+        kind="witness",
+        reference="v29",
+        edits=(
+            (
+                "num_tokens_across_dp=padded, uniform_token_count=uniform, eager=False",
+                "num_tokens_across_dp=padded,\n"
+                "        uniform_token_count=uniform or int(table[UNIFORM_ROW].max()) or None,\n"
+                "        eager=False,",
+            ),
+        ),
+        bug_class=PER_RANK_FOR_AGREED,
+        upstream=("vllm#30173", "vllm#35294"),
+        docstring=(
+            "when the ranks' uniform decode lengths differ, the agreement records "
+            'the largest any rank voted instead of None ("the ranks disagreed"). '
+            "Every rank records the same wrong value and dispatch used the right "
+            "one, so nothing diverges this step; but a drafter reusing the "
+            "agreement then treats a mixed batch as a uniform decode (the eager "
+            "and uniform-decode disagreements of #30173 and #35294)."
+        ),
+        caught_by=("agreed-values",),
+        scenario="step",
+    ),
+    FaultyTarget(
+        name="witness-reuse",
+        kind="witness",
+        reference="v29",
+        edits=(
+            (
+                "    if dp_size > 1 and dp_sync is not None:\n",
+                "    if dp_size > 1 and dp_sync is not None:\n"
+                "        # Re-check the agreement with the other ranks before reusing it.\n"
+                "        dist.all_reduce(\n"
+                "            torch.ones(1, dtype=torch.int32), group=get_dp_group().cpu_group\n"
+                "        )\n",
+            ),
+        ),
+        bug_class=EXTRA_COLLECTIVE,
+        upstream=("vllm#56281", "vllm#30119"),
+        docstring=(
+            "the drafter's reuse path all-reduces again before reusing the "
+            "target's agreement. Every rank that drafts does it, so nothing hangs "
+            "here; but the round trip reuse exists to save is back, and a rank "
+            "that reaches the drafter without it (a dummy or skipped draft, as in "
+            "#56281's extra sync) waits forever."
+        ),
+        caught_by=("reuse",),
+        scenario="drafter",
+    ),
 )
 
 CORPUS: tuple[FaultyTarget, ...] = ISSUES + WITNESSES

@@ -15,6 +15,7 @@ from dpsim.scenarios.case import Case
 from dpsim.sim import SimResult
 
 from . import (
+    agreed_values,
     agreement,
     coverage,
     eager_contagion,
@@ -22,6 +23,7 @@ from . import (
     no_error,
     no_hang,
     padded_counts,
+    reuse,
     ubatch_split,
 )
 from .base import Evidence, Phase, Property, Verdict
@@ -32,6 +34,8 @@ PROPERTIES: dict[str, Property] = {
         no_error,
         no_hang,
         agreement,
+        agreed_values,
+        reuse,
         eager_contagion,
         idle,
         padded_counts,

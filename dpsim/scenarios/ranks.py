@@ -81,7 +81,11 @@ def sync(
     reuse: Any = None,
 ) -> tuple[Descriptor, Any]:
     """One call into the target, recorded; returns (descriptor, native agreement)."""
-    payload: dict[str, Any] = {"phase": phase, "inputs": batch.to_dict()}
+    payload: dict[str, Any] = {
+        "phase": phase,
+        "inputs": batch.to_dict(),
+        "reused": reuse is not None,
+    }
     try:
         native_descriptor, native_agreement = setting.target.api.call(
             manager,

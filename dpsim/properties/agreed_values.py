@@ -1,0 +1,93 @@
+"""``agreed-values``: the agreement holds what the ranks voted, not just the same thing.
+
+Asserts, for every sync that all ranks made afresh (not reusing an earlier
+agreement) and that gave every rank the same ``DPSyncState``: its uniform decode
+length is the ranks' common one, or None when they differ or any rank has
+none; ``eager`` is set only when every rank runs eager; its request bound
+(``num_reqs``, where the version has it) is at least every rank's request
+count, and is the largest of them unless a FULL graph imposed its padded
+count; ``skip_drafts`` (where the version has it) is set exactly when every
+rank allowed it.
+
+Why: ``agreement`` only asks that ranks got the same values, so an agreement
+computed wrongly but identically everywhere (a uniform length no rank has, a
+request bound below a rank's batch, drafts skipped that a rank needed) passes
+it, and callers then size buffers or skip work from a wrong number. Guards:
+agreed values computed from the wrong rank or the wrong reduction (30173,
+35294, 40589/44185 for skipped drafts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Evidence, Phase, Property, Verdict
+
+NAME = "agreed-values"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    for phase in evidence.complete_phases:
+        if not phase.any_work or any(record["reused"] for record in _records(phase)):
+            continue
+        agreement = phase.agreement(0)
+        if agreement is None or agreement["eager"] is None:
+            continue  # no DPSyncState: the version agrees token counts only
+        if any(
+            phase.agreement(rank) != agreement for rank in range(len(phase.records))
+        ):
+            continue  # ranks disagree: `agreement`'s to report
+        reason = _wrong_value(phase, agreement)
+        if reason is not None:
+            return Verdict(NAME, phase.name, tuple(range(len(phase.records))), reason)
+    return None
+
+
+def _records(phase: Phase) -> list[dict[str, Any]]:
+    return [record for record in phase.records if record is not None]
+
+
+def _wrong_value(phase: Phase, agreement: dict[str, Any]) -> str | None:
+    ranks = range(len(phase.records))
+    inputs = [phase.inputs(rank) for rank in ranks]
+    descriptors = [phase.descriptor(rank) for rank in ranks]
+    voted = {batch["uniform_token_count"] for batch in inputs}
+    common = voted.pop() if len(voted) == 1 else None
+    expected_uniform = common or None
+    if agreement["uniform_token_count"] != expected_uniform:
+        return (
+            f"agreed uniform length {agreement['uniform_token_count']}, but the ranks "
+            f"passed {[batch['uniform_token_count'] for batch in inputs]}"
+        )
+    if agreement["eager"] and any(d["cg_mode"] != "NONE" for d in descriptors):
+        graph = next(d for d in descriptors if d["cg_mode"] != "NONE")
+        return f"agreed eager, but a rank replays a {graph['cg_mode']} graph"
+    if agreement["num_reqs"] is not None:
+        most = max(batch["num_reqs"] for batch in inputs)
+        padded = {
+            d["num_reqs"]
+            for d in descriptors
+            if d["cg_mode"] == "FULL" and d["num_reqs"]
+        }
+        allowed = {most} | (padded if len(padded) == 1 else set())
+        if agreement["num_reqs"] not in allowed or agreement["num_reqs"] < most:
+            return (
+                f"agreed request bound {agreement['num_reqs']}, but the ranks have "
+                f"up to {most} requests"
+                + (f" (FULL graph pads to {padded.pop()})" if len(padded) == 1 else "")
+            )
+    if agreement["skip_drafts"] is not None:
+        everyone = all(batch["allow_skip_drafts"] for batch in inputs)
+        if agreement["skip_drafts"] != everyone:
+            votes = [batch["allow_skip_drafts"] for batch in inputs]
+            return f"agreed skip_drafts={agreement['skip_drafts']}, but the ranks voted {votes}"
+    return None
+
+
+PROPERTY = Property(
+    NAME,
+    "the agreement holds what the ranks voted: uniform length, eager, request "
+    "bound, skip-drafts",
+    "agreed values from the wrong rank or reduction (30173, 35294, 40589)",
+    judge,
+)
