@@ -44,6 +44,9 @@ class CheckOptions:
     policy: CapturePolicy | None = None
     examples: int = DEFAULT_EXAMPLES
     seed: int = 0
+    #: Shrink a failing case to a small one. Mutation testing only needs to
+    #: know that a mutant fails, and skips it.
+    shrink: bool = True
     database: ExampleDatabase | None = field(default=None, compare=False)
 
 
@@ -167,7 +170,8 @@ def _check_scenario(
         database=options.database,
         deadline=None,
         # reuse: a database given is replayed first (a no-op without one).
-        phases=(Phase.reuse, Phase.generate, Phase.shrink),
+        phases=(Phase.reuse, Phase.generate)
+        + ((Phase.shrink,) if options.shrink else ()),
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
     )

@@ -92,7 +92,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
-        "--ranks", default="2..16", metavar="LO..HI", help="DP sizes to try (or one N)"
+        "--ranks", default="1..16", metavar="LO..HI", help="DP sizes to try (or one N)"
     )
     parser.add_argument(
         "--profile",

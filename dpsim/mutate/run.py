@@ -40,7 +40,8 @@ class Budget:
     #: Cases per leg (scenario x profile), as ``dpsim check --examples``.
     examples: int = DEFAULT_EXAMPLES
     seed: int = 0
-    ranks: tuple[int, int] = DEFAULT_RANKS
+    # One-rank DP included: the sync's dp_size == 1 path is code to mutate too.
+    ranks: tuple[int, int] = (1, DEFAULT_RANKS[1])
     profiles: tuple[str, ...] = PROFILES
     #: Wall-clock cap per mutant: no leg starts past it (the mutant survives),
     #: and a worker still busy at twice it is terminated (a timeout).
@@ -115,6 +116,7 @@ def _options(leg: Leg, budget: Budget) -> CheckOptions:
         ranks=budget.ranks,
         examples=budget.examples,
         seed=budget.seed,
+        shrink=False,  # a kill needs one failing case, not a small one
     )
 
 
