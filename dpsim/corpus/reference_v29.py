@@ -207,6 +207,9 @@ def reuse_agreement(
         num_active_loras=num_active_loras,
         max_query_len=None,
     )
+    if chosen.cg_mode == CUDAGraphMode.NONE:
+        # No graph: run this rank's own batch, which eager never pads.
+        return eager_descriptor(num_reqs, num_tokens, num_active_loras), dp_sync
     if chosen.num_tokens != num_tokens:
         # That table padded further: report what every rank now runs.
         dp_sync = replace(

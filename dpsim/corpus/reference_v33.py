@@ -322,6 +322,9 @@ def serve_agreed(
         num_active_loras,
         None,
     )
+    if chosen.cg_mode == CUDAGraphMode.NONE:
+        # No graph: run this rank's own batch, which eager never pads.
+        return no_graph(num_reqs, num_tokens, num_active_loras), agreed
     if chosen.num_tokens == num_tokens:
         return chosen, agreed
     # That table padded further: report what every rank now runs.

@@ -1,7 +1,8 @@
 """``coverage``: the descriptor a rank runs can serve that rank's own batch.
 
-Asserts, for every rank of every completed sync: the descriptor holds at least
-the rank's tokens; if it pads requests, at least the rank's requests; if it is
+Asserts, for every rank of every completed sync: an eager descriptor is the
+rank's own batch (eager pads nothing, microbatch splits aside); a graph holds
+at least the rank's tokens; if it pads requests, at least the rank's requests; if it is
 a uniform-decode graph, the rank's batch is a uniform decode of that length;
 if it bounds the query length, the rank's batch declares a bound no larger;
 and a graph's LoRA case holds at least the rank's active LoRAs.
@@ -32,6 +33,17 @@ def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
     ):
         return f"{descriptor['num_reqs']} requests < the batch's {batch['num_reqs']}"
     if descriptor["cg_mode"] == "NONE":
+        # Eager pads nothing (DPSyncState: "unless eager, where nothing was
+        # padded"), except to split microbatches evenly.
+        if descriptor["num_ubatches"] == 1 and (
+            descriptor["num_tokens"] != batch["num_tokens"]
+            or descriptor["num_reqs"] != batch["num_reqs"]
+        ):
+            return (
+                f"an eager descriptor for {descriptor['num_reqs']} requests and "
+                f"{descriptor['num_tokens']} tokens, not the batch's own "
+                f"{batch['num_reqs']} and {batch['num_tokens']}"
+            )
         return None
     uniform = descriptor["uniform_token_count"]
     if uniform is not None and uniform != batch["uniform_token_count"]:
