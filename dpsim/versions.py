@@ -68,14 +68,14 @@ def check_target(
                 VersionRow(target.label, run.scenario, "pass", None, None, None)
             )
             continue
-        built = cex.files.build(
+        written = cex.save(
             target,
             finding.case,
             finding.result,
             finding.verdicts,
             options.properties or PROPERTY_NAMES,
+            out / _slug(target.label),
         )
-        written = cex.write(built, out / _slug(target.label))
         rows.append(
             VersionRow(
                 target.label,

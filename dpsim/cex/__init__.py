@@ -6,7 +6,7 @@ file from a stranger is checked before anything is built from it, and
 """
 
 from dpsim.cex import files
-from dpsim.cex.files import SCHEMA_VERSION, Counterexample, read, write
+from dpsim.cex.files import SCHEMA_VERSION, Counterexample, read, save, write
 from dpsim.cex.regression import write_regression_test
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "Counterexample",
     "files",
     "read",
+    "save",
     "write",
     "write_regression_test",
 ]

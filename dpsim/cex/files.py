@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,19 @@ def build(
         trace=result.as_dict(),
         dpsim_version=dpsim.__version__,
     )
+
+
+def save(
+    target: Target,
+    case: Case,
+    result: SimResult,
+    verdicts: Sequence[Verdict],
+    properties: Sequence[str],
+    directory: Path,
+) -> Path:
+    """Build the counterexample of a failing run and write it under ``directory``."""
+    built = build(target, case, result, tuple(verdicts), tuple(properties))
+    return write(built, directory)
 
 
 def encode(counterexample: Counterexample) -> str:

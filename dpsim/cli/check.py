@@ -155,11 +155,12 @@ def _write_counterexample(report: CheckReport, out: Path) -> Path | None:
     if failed is None or failed.finding is None:
         return None
     finding = failed.finding
-    names = tuple(prop for prop in (report.options.properties or PROPERTY_NAMES))
-    written = cex.write(
-        cex.files.build(
-            report.target, finding.case, finding.result, finding.verdicts, names
-        ),
+    written = cex.save(
+        report.target,
+        finding.case,
+        finding.result,
+        finding.verdicts,
+        report.options.properties or PROPERTY_NAMES,
         out,
     )
     # A pytest file beside it that fails while the bug is there (dpsim.cex.regression).

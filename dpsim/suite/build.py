@@ -77,9 +77,7 @@ def check_drawn_case(
         # Shrinking runs the body hundreds of times; only the minimal case,
         # which Hypothesis runs last, is worth a file and a rendered table.
         raise PropertyFailed(str(verdicts[0]), verdicts, None)
-    written = cex.write(
-        cex.files.build(target, case, result, verdicts, PROPERTY_NAMES), suite.out
-    )
+    written = cex.save(target, case, result, verdicts, PROPERTY_NAMES, suite.out)
     report = render_case_run(
         f"{verdicts[0]} ({target.label})", case, Evidence(case, result)
     )
