@@ -6,6 +6,7 @@ it returns the simulator's result untouched; properties judge it elsewhere.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,20 +25,19 @@ class PolicyRefused(Exception):
     """The target's own manager refused the case's policy (vLLM's verdict, not a bug)."""
 
 
-_managers: dict[tuple[Target, ManagerConfig], Any] = {}
-
-
 def manager_for(target: Target, config: ManagerConfig) -> Any:
     """The target's manager for ``config``; built once, shared read-only."""
-    key = (target, config)
-    manager = _managers.get(key)
-    if manager is None:
-        try:
-            manager = target.build_manager(config)
-        except (ValueError, AssertionError) as error:
-            raise PolicyRefused(f"{type(error).__name__}: {error}") from error
-        _managers[key] = manager
-    return manager
+    try:
+        return _built_manager(target, config)
+    except (ValueError, AssertionError) as error:
+        raise PolicyRefused(f"{type(error).__name__}: {error}") from error
+
+
+# Bounded: generated policies differ from case to case, and a fuzzing campaign
+# would otherwise keep every table it ever built.
+@functools.lru_cache(maxsize=256)
+def _built_manager(target: Target, config: ManagerConfig) -> Any:
+    return target.build_manager(config)
 
 
 @dataclass(frozen=True)
