@@ -48,6 +48,12 @@ class CheckOptions:
     #: know that a mutant fails, and skips it.
     shrink: bool = True
     database: ExampleDatabase | None = field(default=None, compare=False)
+    #: Judge relative to this target: a verdict it gives too, word for word, on
+    #: the same case is the baseline's own failure and fails nothing here.
+    #: Mutation testing judges a mutant against its original this way, so a
+    #: bug the original already has neither kills every mutant nor hides the
+    #: property from the cases where the original holds it.
+    baseline: Target | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -99,11 +105,21 @@ class CheckReport:
 
 
 def evaluate(
-    target: Target, case: Case, properties: tuple[Property, ...]
+    target: Target,
+    case: Case,
+    properties: tuple[Property, ...],
+    baseline: Target | None = None,
 ) -> tuple[SimResult, list[Verdict]]:
-    """Run one case and judge it. Raises PolicyRefused when vLLM refuses the policy."""
+    """Run one case and judge it, less the verdicts ``baseline`` shares on it.
+
+    Raises PolicyRefused when vLLM refuses the policy.
+    """
     result = run_case(target, case)
-    return result, judge(case, result, properties)
+    verdicts = judge(case, result, properties)
+    if verdicts and baseline is not None:
+        shared = judge(case, run_case(baseline, case), properties)
+        verdicts = [verdict for verdict in verdicts if verdict not in shared]
+    return result, verdicts
 
 
 def run_check(
@@ -153,7 +169,7 @@ def _check_scenario(
             progress(scenario, examples, options.examples)
         judged = time.perf_counter()
         try:
-            _, verdicts = evaluate(target, case, properties)
+            _, verdicts = evaluate(target, case, properties, options.baseline)
         except PolicyRefused:
             reject()
         finally:
@@ -191,7 +207,7 @@ def _check_scenario(
         return ScenarioRun(
             scenario, examples, time.perf_counter() - started, None, None, judging
         )
-    result, verdicts = evaluate(target, minimal, properties)
+    result, verdicts = evaluate(target, minimal, properties, options.baseline)
     # The chased property first, the others it also broke after it.
     ordered = sorted(verdicts, key=lambda verdict: verdict.property != chased[0])
     finding = Finding(minimal, result, tuple(ordered))

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,20 @@ def test_the_correct_twin_passes(agreed_padding: Path) -> None:
     assert report.passed, [
         str(run.finding.primary) for run in report.runs if run.finding
     ]
+
+
+def test_a_baseline_excuses_only_the_failures_it_shares_word_for_word(
+    per_rank_padding: Path, agreed_padding: Path
+) -> None:
+    faulty = load_target("0.20.0", per_rank_padding)
+    correct = load_target("0.20.0", agreed_padding)
+    options = CheckOptions(scenarios=("step",), examples=150, shrink=False)
+    # Against itself, every failure is the baseline's own.
+    alone = run_check(faulty, replace(options, baseline=faulty))
+    assert alone.passed
+    # Against a correct baseline, the bug is the target's.
+    relative = run_check(faulty, replace(options, baseline=correct))
+    assert not relative.passed
 
 
 def test_same_seed_same_counterexample_byte_for_byte(

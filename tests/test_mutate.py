@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dpsim.cli import main
-from dpsim.corpus import reference_path
+from dpsim.corpus import entry as corpus_entry
+from dpsim.corpus import materialize, reference_path
 from dpsim.errors import UsageError
 from dpsim.mutate import (
     OPERATOR_NAMES,
@@ -181,12 +182,12 @@ def test_shipped_equivalent_list_parses_with_a_reason_each() -> None:
 QUICK = Budget(examples=25, profiles=("caller",))
 
 
-def _find(function: str, description: str) -> str:
-    """A mutant of the reference by what it does, not by line: the reference
-    may be edited."""
+def _find(function: str, description: str, text: str | None = None) -> str:
+    """A mutant of the reference (or ``text``) by what it does, not by line:
+    the reference may be edited."""
     found = [
         mutant.id
-        for mutant in generate(reference_path("v29").read_text())
+        for mutant in generate(text or reference_path("v29").read_text())
         if mutant.function == function and mutant.description == description
     ]
     assert len(found) == 1, found
@@ -233,6 +234,32 @@ def test_a_mutant_breaking_agreement_is_killed_and_an_equivalent_listed(
     data = summary(report)
     assert data["equivalent"] == 1 and data["killed"] == 1 and data["score"] == 1.0
     assert data["killed_by"] == {killed.outcome.killer: 1}
+
+
+@pytest.mark.release
+def test_a_target_with_a_bug_of_its_own_is_judged_mutant_against_original(
+    tmp_path: Path,
+) -> None:
+    # The witness breaks eager-contagion on many cases. The leg stays in, judged
+    # case by case against the original: the pad-to-smallest mutant is killed,
+    # and the equivalent one, failing exactly as the original does, is not.
+    faulty = materialize(corpus_entry("witness-eager-contagion"), tmp_path)
+    text = faulty.read_text()
+    killable = _find("dispatch_cg_and_sync_dp", "max(...) -> min(...)", text)
+    equivalent = _find("shared_value", "0 -> 1", text)
+    report = mutate(
+        "0.29.0",
+        str(faulty),
+        budget=QUICK,
+        workers=0,
+        only=(killable, equivalent),
+    )
+    relative = {leg.scenario for leg in report.plan.legs if leg.relative}
+    assert "step" in relative
+    assert {item.property for item in report.plan.inherited} == {"eager-contagion"}
+    results = {result.mutant.id: result for result in report.results}
+    assert results[killable].outcome.killed
+    assert results[equivalent].outcome.status == "survived"
 
 
 @pytest.mark.release

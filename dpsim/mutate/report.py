@@ -37,17 +37,21 @@ def summary(report: MutationReport) -> dict[str, Any]:
             "workers": report.workers,
         },
         "legs": [
-            {"scenario": leg.scenario, "profile": leg.profile}
+            {
+                "scenario": leg.scenario,
+                "profile": leg.profile,
+                "relative": leg.relative,
+            }
             for leg in report.plan.legs
         ],
-        "excluded": [
+        "inherited": [
             {
                 "scenario": item.scenario,
                 "profile": item.profile,
                 "property": item.property,
                 "message": item.message,
             }
-            for item in report.plan.exclusions
+            for item in report.plan.inherited
         ],
         "baseline_seconds": round(report.plan.baseline_seconds, 3),
         "generated": report.generated,
@@ -102,12 +106,12 @@ def render(report: MutationReport) -> str:
         f"seed {budget.seed}, {report.workers} worker(s)",
         "legs: "
         + ", ".join(f"{leg.scenario}/{leg.profile}" for leg in report.plan.legs)
-        + f" (the original passes them in {report.plan.baseline_seconds:.1f}s)",
+        + f" (the original ran them in {report.plan.baseline_seconds:.1f}s)",
     ]
-    for item in report.plan.exclusions:
+    for item in report.plan.inherited:
         lines.append(
-            f"left out of {item.scenario}/{item.profile}: {item.property}, "
-            f"which the original already breaks ({item.message})"
+            f"judged against the original in {item.scenario}/{item.profile}: "
+            f"it already breaks {item.property} ({item.message})"
         )
     lines.append("")
     rows = []

@@ -7,15 +7,19 @@ original's, it sees exactly the cases the original passed: a failure is the
 mutation's doing, not a new draw. Legs run cheapest and likeliest first
 (``step`` before the rest), and the first failure ends the mutant.
 
-The original must pass first (:func:`baseline`). A property the original
-already breaks in a leg cannot kill a mutant there, so it is left out of that
-leg and reported, rather than making every mutant look killed.
+The original runs every leg first (:func:`baseline`). Where it already breaks
+a property (0.33.0 has real bugs), the leg judges the mutant *against the
+original*: a failing case kills only if its verdicts differ from the
+original's on that same case. The original's own bug then neither kills every
+mutant nor hides the property from the many cases where the original holds
+it, which is where most mutants of the buggy branch show.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dpsim.check import CheckOptions, run_check
 from dpsim.properties import PROPERTY_NAMES
@@ -56,11 +60,12 @@ class Budget:
 class Leg:
     scenario: str
     profile: str
-    properties: tuple[str, ...]
+    #: The original breaks some property here: judge mutants against it.
+    relative: bool = False
 
 
 @dataclass(frozen=True)
-class Exclusion:
+class Inherited:
     """A property the original already breaks in one leg."""
 
     scenario: str
@@ -74,9 +79,11 @@ class Plan:
     """What every mutant runs: the base to load it on, and the legs."""
 
     vllm: str | None
+    #: The original dp_utils.py, the baseline of relative legs.
+    original: str
     legs: tuple[Leg, ...]
     budget: Budget
-    exclusions: tuple[Exclusion, ...] = ()
+    inherited: tuple[Inherited, ...] = ()
     #: Seconds the original took over every leg: what a survivor costs.
     baseline_seconds: float = 0.0
 
@@ -107,16 +114,15 @@ class Outcome:
         return self.status in (KILLED, TIMEOUT)
 
 
-def _options(leg: Leg, budget: Budget) -> CheckOptions:
+def _options(leg: Leg, budget: Budget, original: Target | None = None) -> CheckOptions:
     return CheckOptions(
         scenarios=(leg.scenario,),
-        # All of them spelled out: an empty tuple would mean every property.
-        properties=leg.properties,
         profile=leg.profile,
         ranks=budget.ranks,
         examples=budget.examples,
         seed=budget.seed,
         shrink=False,  # a kill needs one failing case, not a small one
+        baseline=original,
     )
 
 
@@ -125,33 +131,46 @@ def _order(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(scenarios, key=lambda name: name != "step"))
 
 
-def baseline(target: Target, vllm: str | None, budget: Budget) -> Plan:
-    """The legs the original passes, leaving out what it already breaks."""
+def baseline(target: Target, original: str, vllm: str | None, budget: Budget) -> Plan:
+    """Every leg, marked relative where the original already breaks a property.
+
+    A leg is rerun without each property it breaks until it passes, so that
+    every property the original breaks there is reported, not just the first.
+    """
     started = time.perf_counter()
     legs = []
-    exclusions: list[Exclusion] = []
+    inherited: list[Inherited] = []
     for scenario in _order(scenarios_for(target)):
         for profile in budget.profiles:
             properties = PROPERTY_NAMES
             while properties:
-                leg = Leg(scenario, profile, properties)
-                run = run_check(target, _options(leg, budget)).runs[0]
+                options = replace(
+                    _options(Leg(scenario, profile), budget), properties=properties
+                )
+                run = run_check(target, options).runs[0]
                 if run.finding is None:
-                    legs.append(leg)
                     break
                 broken = {verdict.property for verdict in run.finding.verdicts}
-                exclusions.extend(
-                    Exclusion(scenario, profile, verdict.property, str(verdict))
+                inherited.extend(
+                    Inherited(scenario, profile, verdict.property, str(verdict))
                     for verdict in run.finding.verdicts
                 )
                 properties = tuple(name for name in properties if name not in broken)
+            legs.append(Leg(scenario, profile, relative=properties != PROPERTY_NAMES))
     return Plan(
         vllm=vllm,
+        original=original,
         legs=tuple(legs),
         budget=budget,
-        exclusions=tuple(exclusions),
+        inherited=tuple(inherited),
         baseline_seconds=time.perf_counter() - started,
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _load_original(vllm: str | None, path: str) -> Target:
+    # Once per worker process: every relative leg of every mutant uses it.
+    return load_target(vllm, path)
 
 
 def check_mutant(job: Job) -> Outcome:
@@ -178,7 +197,12 @@ def check_mutant(job: Job) -> Outcome:
             cap = f"wall-clock cap of {job.plan.budget.seconds:g}s reached"
             return Outcome(job.mutant_id, SURVIVED, message=cap, elapsed=leg_started)
         try:
-            run = run_check(target, _options(leg, job.plan.budget)).runs[0]
+            original = (
+                _load_original(job.plan.vllm, job.plan.original)
+                if leg.relative
+                else None
+            )
+            run = run_check(target, _options(leg, job.plan.budget, original)).runs[0]
         except Exception as error:
             # dpsim itself tripped over what the mutant returned: any check
             # run on this file fails, so the mutant does not go unnoticed.
