@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from random import Random
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
@@ -46,6 +49,10 @@ def test_caller_batches_are_what_a_model_runner_builds(
                 assert batch.max_query_len * batch.num_reqs >= batch.num_tokens
             if batch.kind == "dummy":
                 assert (batch.num_reqs, batch.num_tokens) == (1, query_len)
+            if batch.kind == "varlen":
+                # Fewer drafts on some requests: 1..q tokens each, never more.
+                assert batch.num_reqs <= batch.num_tokens < batch.num_reqs * query_len
+                assert not batch.uniform_decode
             if scenario == "profile":
                 assert batch.need_eager and batch == step[0]
             if case.policy.lora_capture_cases:
@@ -78,6 +85,66 @@ def test_cases_round_trip_through_json(data: st.DataObject) -> None:
     scenario = data.draw(st.sampled_from(scenarios_for(target)))
     case = data.draw(cases(target, scenario=scenario, profile="contract", ranks=(2, 3)))
     assert Case.from_dict(case.to_dict()) == case
+
+
+def _showing(target, scenario: str, wanted) -> list[Case]:
+    """The cases, of a seeded check's 100 caller cases, whose run shows ``wanted``."""
+    shown: list[Case] = []
+
+    def look(case: Case) -> bool:
+        try:
+            result = run_case(target, case)
+        except PolicyRefused:
+            return False
+        records = [
+            event.payload
+            for trace in result.ranks
+            for event in trace.events
+            if "descriptor" in event.payload
+        ]
+        if any(wanted(record) for record in records):
+            shown.append(case)
+        return False
+
+    with pytest.raises(NoSuchExample):
+        find(
+            cases(target, scenario=scenario, profile="caller"),
+            look,
+            settings=settings(
+                max_examples=100, database=None, phases=[Phase.generate], deadline=None
+            ),
+            random=Random(0),
+        )
+    return shown
+
+
+def test_the_ubatch_scenario_reaches_microbatched_graphs_often() -> None:
+    # 0.33.0's microbatching branch, bugs included, sits behind steps where every
+    # rank decodes near one graph's size. Mixed palettes reached it in 2 cases
+    # of 100; the scenario now draws such steps on purpose.
+    shown = _showing(
+        load_target("0.33.0"),
+        "ubatch",
+        lambda record: (
+            record["descriptor"]["num_ubatches"] > 1
+            and record["descriptor"]["cg_mode"] != "NONE"
+        ),
+    )
+    assert len(shown) >= 10
+    for case in shown:
+        assert any(all(batch.uniform_decode for batch in step) for step in case.steps)
+
+
+def test_caller_steps_reach_varlen_decodes() -> None:
+    shown = _showing(
+        load_target("0.33.0"),
+        "step",
+        lambda record: (
+            record["inputs"]["kind"] == "varlen"
+            and record["descriptor"]["max_query_len"] is not None
+        ),
+    )
+    assert shown and all(case.policy.varlen_decode for case in shown)
 
 
 def test_scenarios_follow_each_versions_api() -> None:

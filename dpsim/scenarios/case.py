@@ -18,7 +18,16 @@ from dpsim.targets.adapters import SyncInputs
 #: Generator profiles: what real callers pass, or all the contract allows.
 PROFILES = ("caller", "contract")
 #: How a rank's batch came about; for people reading a counterexample.
-BATCH_KINDS = ("decode", "mixed", "prefill", "dummy", "idle", "profile", "batch")
+BATCH_KINDS = (
+    "decode",
+    "varlen",
+    "mixed",
+    "prefill",
+    "dummy",
+    "idle",
+    "profile",
+    "batch",
+)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Hypothesis strategies for cases, in two profiles.
 
 ``caller``   what vLLM's own model runner passes: batches built from requests
-             (decodes of ``decode_query_len`` tokens, prefills, mixes), idle
+             (decodes of ``decode_query_len`` tokens, speculative decodes with
+             fewer drafts on some requests, prefills, mixes), idle
              ranks running the dummy batch vLLM gives them, the uniform count
              from the version's own helper where dpsim loads it, and the
              query-length bound dropped for prefills where that version's
@@ -158,12 +159,15 @@ def _fit_policy(
     if scenario == "drafter" and policy.decode_query_len < 2:
         policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
     if scenario == "ubatch" and policy.microbatching is None:
+        # Thresholds at the table's edges, where the batches are drawn: a
+        # threshold far above every batch would never microbatch at all.
+        thresholds = st.sampled_from([0, *_edge_values(policy)])
         policy = replace(
             policy,
             microbatching=Microbatching(
                 num_ubatches=draw(st.integers(2, 3)),
-                decode_token_threshold=draw(st.integers(0, 64)),
-                prefill_token_threshold=draw(st.integers(0, 256)),
+                decode_token_threshold=draw(thresholds),
+                prefill_token_threshold=draw(thresholds),
             ),
         )
     return policy
@@ -180,12 +184,14 @@ def _caller_batches(
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
     tokens = token_counts(policy)
-    anchors = (
-        st.one_of(st.sampled_from(policy.capture_sizes), tokens)
-        if policy.capture_sizes
-        else tokens
-    )
+    # Batches are sized around an anchor: a capture size, where padding
+    # flips, or a microbatching threshold, where splitting does.
+    landmarks = sorted({*policy.capture_sizes, *_thresholds(policy)})
+    anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
     loras = active_loras(policy)
+    decode_threshold = (
+        policy.microbatching.decode_token_threshold if policy.microbatching else 0
+    )
     decode_requests = st.one_of(
         st.sampled_from(
             sorted(
@@ -229,14 +235,44 @@ def _caller_batches(
             kind=kind,
         )
 
+    # Microbatched graphs serve only steps where every rank runs a uniform
+    # decode near one graph's size; the ubatch scenario draws such steps on
+    # purpose, since mixed palettes all but never produce one.
+    mixes = KIND_MIXES
+    if policy.microbatching is not None:
+        mixes = (*mixes, SPLIT, SPLIT) if scenario == "ubatch" else (*mixes, SPLIT)
+    # A microbatched graph is captured only at sizes the threshold admits.
+    graph_sizes = [
+        size for size in policy.capture_sizes if size >= decode_threshold
+    ] or list(policy.capture_sizes)
+    split_anchors = st.sampled_from(graph_sizes) if graph_sizes else anchors
+
     @st.composite
     def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
         kind = draw(st.sampled_from(kinds))
         if kind == "dummy":
             # An idle rank runs vLLM's dummy batch: one request of one decode.
             return finish([query_len], False, kind, draw)
+        if kind == "split":
+            # A uniform decode that a microbatched graph of ``anchor`` tokens
+            # serves: at least half of it (vLLM keeps the graph only while
+            # twice the smallest rank reaches it) and at least the threshold.
+            least = max(1, -(-anchor // 2), decode_threshold)
+            low = min(max_reqs, -(-least // query_len))
+            high = max(low, min(max_reqs, anchor // query_len))
+            reqs = draw(st.integers(low, high))
+            return finish([query_len] * reqs, False, "decode", draw)
         near = _near(anchor)
-        if kind == "decode":
+        if kind == "varlen" and query_len > 1:
+            # Speculative decodes whose requests got fewer drafts than the
+            # most: 1..q tokens each, so ranks differ in the query-length
+            # bound that varlen decode graphs are chosen by.
+            reqs = draw(decode_requests)
+            shorter = draw(st.integers(1, query_len - 1))
+            short = draw(st.integers(1, reqs))
+            lengths = [query_len] * (reqs - short) + [shorter] * short
+            return finish(lengths, False, kind, draw)
+        if kind in ("decode", "varlen"):
             reqs = draw(
                 st.one_of(
                     st.sampled_from(
@@ -250,7 +286,7 @@ def _caller_batches(
                     decode_requests,
                 )
             )
-            return finish([query_len] * reqs, False, kind, draw)
+            return finish([query_len] * reqs, False, "decode", draw)
         total = draw(st.one_of(st.sampled_from(near), tokens))
         prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
         lengths = _split(total, prefills)
@@ -275,8 +311,8 @@ def _caller_batches(
         # around one anchor, often a capture size, so the relations between
         # ranks that padding decisions hinge on (max vs min, half a graph)
         # come up at any DP size.
-        kinds = draw(st.sampled_from(KIND_MIXES))
-        anchor = draw(anchors)
+        kinds = draw(st.sampled_from(mixes))
+        anchor = draw(split_anchors if kinds == SPLIT else anchors)
         palette = [
             draw(one_rank(kinds, anchor)) for _ in range(draw(st.integers(1, 3)))
         ]
@@ -357,9 +393,23 @@ def active_loras(policy: CapturePolicy) -> st.SearchStrategy[int]:
 KIND_MIXES: tuple[tuple[str, ...], ...] = (
     ("decode",),
     ("decode", "dummy"),
+    ("decode", "varlen"),
     ("decode", "dummy", "mixed", "prefill"),
     ("prefill", "mixed"),
 )
+
+
+def _thresholds(policy: CapturePolicy) -> tuple[int, ...]:
+    """The positive microbatching thresholds, which the smallest rank must reach."""
+    settings = policy.microbatching
+    if settings is None:
+        return ()
+    values = (settings.decode_token_threshold, settings.prefill_token_threshold)
+    return tuple(value for value in values if value > 0)
+
+
+#: Every rank a uniform decode that one microbatched graph can serve.
+SPLIT = ("split",)
 
 
 def _near(anchor: int) -> list[int]:
