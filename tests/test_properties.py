@@ -8,6 +8,7 @@ each property catching a planted bug in a full dp_utils module.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.scenarios import Case, RankBatch
 from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import EP_GROUP, current_world, record, simulate
+from dpsim.targets import Microbatching
 
 POLICY = CapturePolicy(
     capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL", max_num_seqs=8
@@ -61,7 +63,10 @@ def agreed(counts: list[int], eager: bool = False, **extra: Any) -> dict[str, An
 
 
 def failing(
-    records: list[dict[str, Any]], *, skip_forward_on: tuple[int, ...] = ()
+    records: list[dict[str, Any]],
+    *,
+    skip_forward_on: tuple[int, ...] = (),
+    policy: CapturePolicy = POLICY,
 ) -> list[str]:
     """Record one phase per rank as given; return the names of failing properties."""
 
@@ -75,7 +80,7 @@ def failing(
 
     result = simulate(program, ranks=len(records))
     steps = (tuple(RankBatch.from_dict(r["inputs"]) for r in records),)
-    case = Case("step", "contract", POLICY, steps)
+    case = Case("step", "contract", policy, steps)
     return [verdict.property for verdict in judge(case, result)]
 
 
@@ -271,6 +276,58 @@ def test_ubatch_split_flags_an_empty_last_microbatch() -> None:
     filled = [dict(records[1]), dict(records[1])]
     filled[0] = {**records[0], "inputs": batch(65, 8)}
     assert failing(filled) == []
+
+
+SPLITTING = replace(
+    POLICY,
+    microbatching=Microbatching(
+        num_ubatches=2, decode_token_threshold=4, prefill_token_threshold=8
+    ),
+)
+
+
+def split_phase(
+    tokens: list[int], ubatches: int, *, decode: bool = True, allow: bool = True
+) -> list[dict[str, Any]]:
+    """Eager ranks (so ubatch-split has nothing to say) with these counts; a
+    split step pads every rank to the largest, as vLLM's does."""
+    runs = [max(tokens)] * len(tokens) if ubatches > 1 else tokens
+    return [
+        {
+            "inputs": batch(
+                count,
+                uniform_token_count=1 if decode else None,
+                uniform_decode=decode,
+                allow_ubatching=allow or rank > 0,
+            ),
+            "descriptor": chose("NONE", runs[rank], count, ubatches=ubatches),
+            "agreement": agreed(
+                runs, eager=True, uniform_token_count=1 if decode else None
+            ),
+        }
+        for rank, count in enumerate(tokens)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "decode", "allow", "expected"),
+    [
+        ([4, 6], True, True, 2),  # the smallest reaches the decode threshold
+        ([3, 6], True, True, 1),  # the smallest does not
+        ([6, 9], False, True, 1),  # a prefill is held to the prefill threshold
+        ([8, 9], False, True, 2),
+        ([4, 6], True, False, 1),  # rank 0 did not allow it
+    ],
+)
+def test_ubatch_decision_flags_a_split_the_votes_do_not_call_for(
+    tokens: list[int], decode: bool, allow: bool, expected: int
+) -> None:
+    right = split_phase(tokens, expected, decode=decode, allow=allow)
+    assert failing(right, policy=SPLITTING) == []
+    wrong = split_phase(tokens, 3 - expected, decode=decode, allow=allow)
+    assert failing(wrong, policy=SPLITTING) == ["ubatch-decision"]
+    # Without microbatching configured there is nothing to decide.
+    assert "ubatch-decision" not in failing(wrong)
 
 
 def test_every_property_documents_what_it_guards() -> None:

@@ -70,6 +70,16 @@ _TWO_WAY_SPLIT = CapturePolicy(
     ),
 )
 
+#: Thresholds far apart, so a decode held to the wrong one is decided wrongly.
+_THRESHOLDS_APART = CapturePolicy(
+    capture_sizes=(8, 16),
+    cudagraph_mode="FULL",
+    max_num_seqs=16,
+    microbatching=Microbatching(
+        num_ubatches=2, decode_token_threshold=2, prefill_token_threshold=12
+    ),
+)
+
 ISSUES: tuple[FaultyTarget, ...] = (
     FaultyTarget(
         name="dispatch-own-count",
@@ -457,6 +467,29 @@ WITNESSES: tuple[FaultyTarget, ...] = (
         caught_by=("ubatch-split",),
         scenario="ubatch",
         policy=_TWO_WAY_SPLIT,
+    ),
+    FaultyTarget(
+        name="witness-ubatch-decision",
+        kind="witness",
+        reference="v33",
+        edits=(
+            (
+                "            parallel_config, reports.smallest, uniform_decode=shared_decode\n",
+                "            parallel_config, reports.smallest, uniform_decode=True\n",
+            ),
+        ),
+        bug_class=UBATCH_BOUNDARY,
+        upstream=("vllm#25622", "vllm#51700"),
+        docstring=(
+            "every step is held to the decode threshold, prefills included, so "
+            "steps the prefill threshold should keep whole are split in two "
+            "(#25622 fixed the same mix-up in the first DBO code). Every rank "
+            "splits alike and the prefills run eager, so nothing hangs and no "
+            "graph runs half empty: only the decision itself is wrong."
+        ),
+        caught_by=("ubatch-decision",),
+        scenario="ubatch",
+        policy=_THRESHOLDS_APART,
     ),
     FaultyTarget(
         name="witness-agreed-values",

@@ -24,6 +24,7 @@ from . import (
     no_hang,
     padded_counts,
     reuse,
+    ubatch_decision,
     ubatch_split,
 )
 from .base import Evidence, Phase, Property, Verdict
@@ -41,6 +42,7 @@ PROPERTIES: dict[str, Property] = {
         padded_counts,
         coverage,
         ubatch_split,
+        ubatch_decision,
     )
 }
 PROPERTY_NAMES = tuple(PROPERTIES)

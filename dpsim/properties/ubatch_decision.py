@@ -1,0 +1,90 @@
+"""``ubatch-decision``: a step is microbatched exactly when the agreed votes say so.
+
+Asserts, for every sync that all ranks made afresh, with some work, on a
+version that microbatches: the step is split into the configured number of
+microbatches if and only if every rank allowed it and the smallest rank's
+token count reaches the threshold, the decode threshold when every rank runs
+the same uniform decode and the prefill threshold otherwise; when it is not
+split, every rank runs one batch.
+
+Why: the decision is taken once for all ranks from agreed values, because
+expert all-to-all needs every rank to split alike (``agreement`` catches ranks
+deciding differently). A decision agreed but wrong passes every other
+property: splitting below the threshold runs two half-empty microbatches,
+never splitting throws away the overlap DBO exists for, and a decode held to
+the prefill threshold does both. Guards: microbatching decided from the wrong
+votes or counts (51700's threshold on the smallest rank, 57020's boundary).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Evidence, Property, Verdict
+
+NAME = "ubatch-decision"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    settings = evidence.case.policy.microbatching
+    if settings is None:
+        return None
+    for phase in evidence.complete_phases:
+        if not phase.any_work or any(
+            record is not None and record["reused"] for record in phase.records
+        ):
+            continue
+        ranks = range(len(phase.records))
+        inputs = [phase.inputs(rank) for rank in ranks]
+        expected = _expected_split(inputs, settings)
+        for rank in ranks:
+            parts = phase.descriptor(rank)["num_ubatches"] or 1
+            if parts != expected:
+                return Verdict(
+                    NAME,
+                    phase.name,
+                    (rank,),
+                    f"rank {rank} runs {parts} microbatch(es), but the votes "
+                    f"{_votes(inputs)} with thresholds decode "
+                    f"{settings.decode_token_threshold} / prefill "
+                    f"{settings.prefill_token_threshold} call for {expected}",
+                )
+    return None
+
+
+def _expected_split(inputs: list[dict[str, Any]], settings: Any) -> int:
+    if not all(batch["allow_ubatching"] for batch in inputs):
+        return 1
+    uniform = {batch["uniform_token_count"] for batch in inputs}
+    shared_decode = len(uniform) == 1 and all(
+        batch["uniform_decode"] for batch in inputs
+    )
+    threshold = (
+        settings.decode_token_threshold
+        if shared_decode
+        else settings.prefill_token_threshold
+    )
+    smallest = min(batch["num_tokens"] for batch in inputs)
+    return settings.num_ubatches if smallest >= threshold else 1
+
+
+def _votes(inputs: list[dict[str, Any]]) -> str:
+    return (
+        "["
+        + ", ".join(
+            f"{batch['num_tokens']} tokens"
+            + (" decode" if batch["uniform_decode"] else "")
+            + ("" if batch["allow_ubatching"] else " no-split")
+            for batch in inputs
+        )
+        + "]"
+    )
+
+
+PROPERTY = Property(
+    NAME,
+    "microbatched exactly when every rank allows it and the smallest reaches "
+    "the threshold",
+    "microbatching decided from the wrong votes or counts (51700, 57020)",
+    judge,
+)
