@@ -24,7 +24,12 @@ from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.properties import Property, Verdict, judge, select
 from dpsim.scenarios import Case, PolicyRefused, run_case
-from dpsim.scenarios.generate import DEFAULT_RANKS, cases, scenarios_for
+from dpsim.scenarios.generate import (
+    DEFAULT_RANKS,
+    cases,
+    scenarios_for,
+    seeded_draws_only,
+)
 from dpsim.sim import SimResult
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
@@ -192,17 +197,18 @@ def _check_scenario(
         report_multiple_bugs=False,
     )
     try:
-        minimal = find(
-            strategy,
-            fails,
-            settings=config,
-            # Hypothesis turns the database off for a seeded search; with one,
-            # its stored examples come first and generation is not pinned.
-            random=Random(options.seed) if options.database is None else None,
-            database_key=_database_key(target, scenario, options)
-            if options.database is not None
-            else None,
-        )
+        with seeded_draws_only():
+            minimal = find(
+                strategy,
+                fails,
+                settings=config,
+                # Hypothesis turns the database off for a seeded search; with one,
+                # its stored examples come first and generation is not pinned.
+                random=Random(options.seed) if options.database is None else None,
+                database_key=_database_key(target, scenario, options)
+                if options.database is not None
+                else None,
+            )
     except (NoSuchExample, Unsatisfiable):
         return ScenarioRun(
             scenario, examples, time.perf_counter() - started, None, None, judging

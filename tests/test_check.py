@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpsim import cex
+from dpsim import cex, check
 from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
@@ -195,3 +195,31 @@ def test_searches_in_a_row_survive_a_torch_error_in_a_pooled_rank(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "no-error"
+
+
+def test_a_seed_draws_the_same_cases_whatever_local_modules_are_loaded(
+    agreed_padding: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Hypothesis harvests constants from every local module imported; a user's
+    # script, a test file or a mutant must not change what a seed draws.
+    target = load_target("0.20.0", agreed_padding)
+    options = CheckOptions(scenarios=("step",), examples=200, seed=3)
+    seen: list[str] = []
+    evaluate = check.evaluate
+
+    def recording(target, case, *args):  # type: ignore[no-untyped-def]
+        seen.append(json.dumps(case.to_dict(), sort_keys=True))
+        return evaluate(target, case, *args)
+
+    monkeypatch.setattr(check, "evaluate", recording)
+    assert run_check(target, options).passed
+    before, seen[:] = list(seen), []
+    constants = ", ".join(str(value) for value in range(3, 4000, 7))
+    (tmp_path / "dpsim_constants_probe.py").write_text(f"VALUES = ({constants},)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    __import__("dpsim_constants_probe")
+    try:
+        assert run_check(target, options).passed
+    finally:
+        sys.modules.pop("dpsim_constants_probe", None)
+    assert seen == before

@@ -19,8 +19,9 @@ one request, the simplest policy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +37,36 @@ from .case import PROFILES, Case, RankBatch
 from .programs import SCENARIOS
 
 DEFAULT_RANKS = (2, 16)
+
+
+@contextlib.contextmanager
+def seeded_draws_only() -> Iterator[None]:
+    """Make a seed alone decide the cases drawn, whatever else is loaded.
+
+    Hypothesis occasionally draws constants harvested from the source of every
+    local module imported so far: the user's scripts and tests, dpsim itself,
+    the vLLM files dpsim loads, each mutant under test. Which of those a
+    process has loaded then changes the cases a seed gives, so a check's
+    counterexample differed between the command line, pytest and a mutation
+    worker, and two mutants saw different cases. Inside this block the
+    harvested pool is empty; Hypothesis's own built-in constants still apply.
+    Harmless where that internal is absent (other Hypothesis versions).
+    """
+    from hypothesis.internal.conjecture import providers
+
+    harvest = getattr(providers, "_get_local_constants", None)
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if harvest is None or cache is None or not hasattr(providers, "Constants"):
+        yield
+        return
+    empty = providers.Constants()
+    providers._get_local_constants = lambda: empty
+    cache.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = harvest
+        cache.cache.clear()
 
 
 @dataclass(frozen=True)
