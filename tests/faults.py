@@ -157,7 +157,8 @@ def idle_case_on_033(directory: Path) -> Path:
     )
 
 
-#: A dp_utils that votes on tokens and eager mode (0.20 API). ``PAD_FROM``
+#: A dp_utils that votes on tokens, eager mode and the uniform decode length
+#: (0.20 API), as vLLM's does. ``PAD_FROM``
 #: decides whose token count the shared graph is chosen from: the rank's own
 #: (a bug) or the agreed maximum (correct).
 VOTING = (
@@ -168,9 +169,15 @@ def dispatch_cg_and_sync_dp(cudagraph_manager, num_reqs, num_tokens,
                             uniform_token_count, dp_size, dp_rank, need_eager=False):
     if dp_size == 1:
         return cudagraph_manager.dispatch(num_reqs, num_tokens, uniform_token_count), None
-    votes = torch.zeros(2, dp_size, dtype=torch.int32)
+    # A rank votes for graphs only if its own batch gets one.
+    wants_graph = not need_eager and cudagraph_manager is not None and (
+        cudagraph_manager.dispatch(num_reqs, num_tokens, uniform_token_count).cg_mode
+        != CUDAGraphMode.NONE
+    )
+    votes = torch.zeros(3, dp_size, dtype=torch.int32)
     votes[0][dp_rank] = num_tokens
-    votes[1][dp_rank] = 0 if need_eager else 1
+    votes[1][dp_rank] = int(wants_graph)
+    votes[2][dp_rank] = uniform_token_count or 0
     dist.all_reduce(votes, group=get_dp_group().cpu_group)
     counts = votes[0]
     if int(counts.max()) == 0:
@@ -178,7 +185,8 @@ def dispatch_cg_and_sync_dp(cudagraph_manager, num_reqs, num_tokens,
     if int(votes[1].min()) == 0:
         own = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
         return own, counts
-    chosen = cudagraph_manager.dispatch(num_reqs, PAD_FROM, None)
+    shared = int(votes[2][0]) if bool((votes[2] == votes[2][0]).all()) else 0
+    chosen = cudagraph_manager.dispatch(num_reqs, PAD_FROM, shared or None)
     if chosen.cg_mode == CUDAGraphMode.NONE:
         chosen = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
         return chosen, counts

@@ -16,6 +16,7 @@ from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
 from dpsim.scenarios import Case, RankBatch, run_case
+from dpsim.scenarios.ranks import sync_records
 from dpsim.targets import load_target
 
 pytestmark = pytest.mark.release
@@ -151,7 +152,7 @@ def test_real_finding_an_idle_rank_in_a_busy_eager_step_is_told_zero_tokens() ->
     busy = RankBatch(num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1)
     idle = RankBatch(num_reqs=0, num_tokens=0, kind="idle")
     result = run_case(target, Case("step", "contract", policy, ((busy, idle),)))
-    busy_sync, idle_sync = (trace.events[0].payload for trace in result.ranks)
+    busy_sync, idle_sync = (sync_records(trace)[0] for trace in result.ranks)
     assert busy_sync["descriptor"]["num_tokens"] == 1
     assert idle_sync["descriptor"]["num_tokens"] == 0  # vLLM's skip signal...
     assert idle_sync["agreement"] is not None  # ...while the ranks agreed to run

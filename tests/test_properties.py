@@ -18,6 +18,7 @@ from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.scenarios import Case, RankBatch
+from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import EP_GROUP, current_world, record, simulate
 from dpsim.targets import Microbatching
@@ -67,10 +68,14 @@ def failing(
     *,
     skip_forward_on: tuple[int, ...] = (),
     policy: CapturePolicy = POLICY,
+    expected: list[dict[str, Any]] | None = None,
 ) -> list[str]:
-    """Record one phase per rank as given; return the names of failing properties."""
+    """Record one phase per rank as given (and the oracle's ``expected``
+    choices, as the scenarios do); return the names of failing properties."""
 
     def program(rank: int) -> None:
+        if expected is not None and rank == 0:
+            record(EXPECT_EVENT, phase="step 0", choices=expected)
         payload = {"phase": "step 0", "reused": False, **records[rank]}
         record(SYNC_EVENT, **payload)
         if "error" in payload:
@@ -328,6 +333,41 @@ def test_ubatch_decision_flags_a_split_the_votes_do_not_call_for(
     assert failing(wrong, policy=SPLITTING) == ["ubatch-decision"]
     # Without microbatching configured there is nothing to decide.
     assert "ubatch-decision" not in failing(wrong)
+
+
+def oracle(mode: str, tokens: int, ranks: int = 2) -> list[dict[str, Any]]:
+    agreed = {"largest": 3, "uniform": None, "bound": None}
+    return [
+        {"cg_mode": mode, "num_tokens": tokens, "num_ubatches": 1, **agreed}
+    ] * ranks
+
+
+def graph_phase(mode: str, tokens: int) -> list[dict[str, Any]]:
+    eager = mode == "NONE"
+    return [
+        {
+            "inputs": batch(count),
+            "descriptor": chose(mode, count if eager else tokens, count),
+            "agreement": agreed([3, 1] if eager else [tokens] * 2, eager=eager),
+        }
+        for count in (3, 1)
+    ]
+
+
+def test_graph_choice_flags_needless_eager_and_over_padding_only() -> None:
+    # The table gives the agreed batch (3 tokens) a FULL graph of 4.
+    assert failing(graph_phase("FULL", 4), expected=oracle("FULL", 4)) == []
+    assert failing(graph_phase("NONE", 0), expected=oracle("FULL", 4)) == [
+        "graph-choice"
+    ]
+    assert failing(graph_phase("FULL", 8), expected=oracle("FULL", 4)) == [
+        "graph-choice"
+    ]
+    # Where the oracle says eager, a graph is for the safety properties to
+    # judge (here none objects), not reported twice.
+    assert failing(graph_phase("FULL", 4), expected=oracle("NONE", 3)) == []
+    # No oracle recorded (a profile run): nothing to judge.
+    assert failing(graph_phase("NONE", 0)) == []
 
 
 def test_every_property_documents_what_it_guards() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from random import Random
 
 import pytest
@@ -11,9 +12,12 @@ from hypothesis.errors import NoSuchExample
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
+from dpsim.scenarios.expect import expected_split, table_choices
 from dpsim.scenarios.generate import _split, cases, scenarios_for
+from dpsim.scenarios.ranks import sync_records
+from dpsim.scenarios.run import setting_for
 from dpsim.sim import Outcome
-from dpsim.targets import load_target
+from dpsim.targets import Microbatching, load_target
 
 pytestmark = pytest.mark.release
 
@@ -24,7 +28,7 @@ SMALL = CapturePolicy(
 
 def _phases(result) -> list[list[str]]:
     return [
-        [event.payload["phase"] for event in trace.events] for trace in result.ranks
+        [record["phase"] for record in sync_records(trace)] for trace in result.ranks
     ]
 
 
@@ -97,10 +101,10 @@ def _showing(target, scenario: str, wanted) -> list[Case]:
         except PolicyRefused:
             return False
         records = [
-            event.payload
+            record
             for trace in result.ranks
-            for event in trace.events
-            if "descriptor" in event.payload
+            for record in sync_records(trace)
+            if "descriptor" in record
         ]
         if any(wanted(record) for record in records):
             shown.append(case)
@@ -179,11 +183,11 @@ def test_the_drafter_scenario_runs_prefill_then_its_own_decode_syncs() -> None:
     assert (
         _phases(result) == [["step 0", "drafter prefill 0", "drafter decode 0.1"]] * 2
     )
-    prefill = result.ranks[0].events[1].payload
+    prefill = sync_records(result.ranks[0])[1]
     # The prefill reuses the target's agreement: same padded count, no collective.
     assert (
         prefill["inputs"]["num_tokens"]
-        == result.ranks[0].events[0].payload["descriptor"]["num_tokens"]
+        == sync_records(result.ranks[0])[0]["descriptor"]["num_tokens"]
     )
     syncs = [c for c in result.ranks[0].collectives if c.group == "dp_cpu"]
     assert (
@@ -200,7 +204,7 @@ def test_a_step_records_what_each_rank_passed_and_chose() -> None:
         num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1, kind="dummy"
     )
     result = run_case(target, Case("step", "caller", SMALL, ((busy, idle),)))
-    first, second = (trace.events[0].payload for trace in result.ranks)
+    first, second = (sync_records(trace)[0] for trace in result.ranks)
     assert first["inputs"]["num_tokens"] == 3 and second["inputs"]["kind"] == "dummy"
     assert first["descriptor"] == second["descriptor"]
     assert first["descriptor"]["num_tokens"] == 4
@@ -231,3 +235,58 @@ def test_split_puts_the_remainder_on_the_last_requests(
     total: int, parts: int, expected: list[int]
 ) -> None:
     assert _split(total, parts) == expected
+
+
+def _decode(tokens: int, **extra: object) -> RankBatch:
+    return RankBatch(
+        num_reqs=tokens,
+        num_tokens=tokens,
+        uniform_token_count=1,
+        max_query_len=1,
+        uniform_decode=True,
+        kind="decode",
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def _chosen(policy: CapturePolicy, step: tuple[RankBatch, ...]) -> list[tuple]:
+    target = load_target("0.33.0")
+    manager = setting_for(target, Case("step", "caller", policy, (step,))).manager
+    choices = table_choices(manager, step, policy.microbatching)
+    assert choices is not None
+    return [(c["cg_mode"], c["num_tokens"], c["num_ubatches"]) for c in choices]
+
+
+def test_the_oracle_asks_the_real_table_for_the_agreed_batch() -> None:
+    # The largest rank's 3 tokens, uniform 1 on both: the table's FULL graph of 4.
+    assert _chosen(SMALL, (_decode(3), _decode(1))) == [("FULL", 4, 1)] * 2
+    # One rank asking for eager makes every rank run its own batch eager.
+    eager = (_decode(3), _decode(1, need_eager=True))
+    assert _chosen(SMALL, eager) == [("NONE", 3, 1), ("NONE", 1, 1)]
+    # A prefill gets no FULL_DECODE_ONLY graph on its own: everyone eager.
+    decode_only = replace(SMALL, cudagraph_mode="FULL_DECODE_ONLY")
+    prefill = RankBatch(num_reqs=1, num_tokens=3, kind="prefill")
+    assert _chosen(decode_only, (_decode(2), prefill)) == [
+        ("NONE", 2, 1),
+        ("NONE", 3, 1),
+    ]
+
+
+def test_the_oracle_splits_into_a_graph_only_when_every_rank_fills_it() -> None:
+    policy = replace(
+        SMALL,
+        cudagraph_mode="FULL",
+        microbatching=Microbatching(
+            num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
+        ),
+    )
+    allow = {"allow_ubatching": True}
+    full = (_decode(4, **allow), _decode(3, **allow))
+    assert _chosen(policy, full) == [("FULL", 4, 2)] * 2
+    # 2 tokens leave the second half of a 4-token graph empty (vLLM 57020).
+    half = (_decode(4, **allow), _decode(2, **allow))
+    assert _chosen(policy, half) == [("NONE", 4, 2)] * 2
+    # One rank not allowing it: no split.
+    assert _chosen(policy, (_decode(4, **allow), _decode(3)))[0][2] == 1
+    assert expected_split(full, policy.microbatching) == 2
+    assert expected_split(full[:1], policy.microbatching) == 1  # one rank: no sync

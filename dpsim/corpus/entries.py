@@ -15,6 +15,7 @@ from dpsim.corpus.model import (
     DUMMY_NOT_SHAPED,
     EAGER_AND_GRAPH,
     EXTRA_COLLECTIVE,
+    GRAPH_MISSED,
     PER_RANK_FOR_AGREED,
     UBATCH_BOUNDARY,
     FaultyTarget,
@@ -490,6 +491,32 @@ WITNESSES: tuple[FaultyTarget, ...] = (
         caught_by=("ubatch-decision",),
         scenario="ubatch",
         policy=_THRESHOLDS_APART,
+    ),
+    FaultyTarget(
+        name="witness-graph-choice",
+        kind="witness",
+        reference="v33",
+        edits=(
+            (
+                "        num_active_loras,\n        reports.query_bound,\n    )\n"
+                "    padded = torch.full_like",
+                "        num_active_loras,\n        None,\n    )\n"
+                "    padded = torch.full_like",
+            ),
+        ),
+        bug_class=GRAPH_MISSED,
+        upstream=("vllm#35376", "vllm#34167"),
+        docstring=(
+            "the agreed dispatch drops the query-length bound the ranks agreed, so "
+            "varlen decode graphs, which need one, never match and every decode "
+            "step falls back to a PIECEWISE graph on every rank alike: a CUDA "
+            "graph miss that costs throughput with no error, as #35376's idle "
+            "ranks degraded decode graphs to mixed ones and #34167's wrong bound "
+            "kept the decode path from ever being taken."
+        ),
+        caught_by=("graph-choice",),
+        scenario="step",
+        policy=_VARLEN_DECODE,
     ),
     FaultyTarget(
         name="witness-agreed-values",

@@ -32,6 +32,7 @@ EAGER_AND_GRAPH = "eager on some ranks, a graph on others"
 DUMMY_NOT_SHAPED = "a dummy (idle) batch not shaped like a real one"
 DRAFTER_PADDING = "target and drafter padding differently"
 UBATCH_BOUNDARY = "microbatching boundary cases"
+GRAPH_MISSED = "a graph the table has, missed on every rank alike"
 BUG_CLASSES = (
     PER_RANK_FOR_AGREED,
     AGREED_FOR_PER_RANK,
@@ -41,6 +42,7 @@ BUG_CLASSES = (
     DUMMY_NOT_SHAPED,
     DRAFTER_PADDING,
     UBATCH_BOUNDARY,
+    GRAPH_MISSED,
 )
 KINDS = ("issue", "witness")
 

@@ -19,6 +19,7 @@ from . import (
     agreement,
     coverage,
     eager_contagion,
+    graph_choice,
     idle,
     no_error,
     no_hang,
@@ -43,6 +44,7 @@ PROPERTIES: dict[str, Property] = {
         coverage,
         ubatch_split,
         ubatch_decision,
+        graph_choice,
     )
 }
 PROPERTY_NAMES = tuple(PROPERTIES)

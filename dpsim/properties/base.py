@@ -15,6 +15,7 @@ from functools import cached_property
 from typing import Any
 
 from dpsim.scenarios.case import Case
+from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import SimResult
 
@@ -96,6 +97,17 @@ class Evidence:
                 slots = by_name.setdefault(event.payload["phase"], [None] * ranks)
                 slots[trace.rank] = event.payload
         return tuple(Phase(name, tuple(records)) for name, records in by_name.items())
+
+    @cached_property
+    def expected(self) -> dict[str, list[dict[str, Any]]]:
+        """Per phase, what a correct sync would choose on each rank (the
+        scenario's oracle, :mod:`dpsim.scenarios.expect`), where recorded."""
+        return {
+            event.payload["phase"]: event.payload["choices"]
+            for trace in self.result.ranks
+            for event in trace.events
+            if event.kind == EXPECT_EVENT
+        }
 
     @property
     def complete_phases(self) -> tuple[Phase, ...]:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsim.scenarios.expect import expected_split
+
 from .base import Evidence, Property, Verdict
 
 NAME = "ubatch-decision"
@@ -36,7 +38,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             continue
         ranks = range(len(phase.records))
         inputs = [phase.inputs(rank) for rank in ranks]
-        expected = _expected_split(inputs, settings)
+        expected = expected_split(inputs, settings)
         for rank in ranks:
             parts = phase.descriptor(rank)["num_ubatches"] or 1
             if parts != expected:
@@ -50,22 +52,6 @@ def judge(evidence: Evidence) -> Verdict | None:
                     f"{settings.prefill_token_threshold} call for {expected}",
                 )
     return None
-
-
-def _expected_split(inputs: list[dict[str, Any]], settings: Any) -> int:
-    if not all(batch["allow_ubatching"] for batch in inputs):
-        return 1
-    uniform = {batch["uniform_token_count"] for batch in inputs}
-    shared_decode = len(uniform) == 1 and all(
-        batch["uniform_decode"] for batch in inputs
-    )
-    threshold = (
-        settings.decode_token_threshold
-        if shared_decode
-        else settings.prefill_token_threshold
-    )
-    smallest = min(batch["num_tokens"] for batch in inputs)
-    return settings.num_ubatches if smallest >= threshold else 1
 
 
 def _votes(inputs: list[dict[str, Any]]) -> str:

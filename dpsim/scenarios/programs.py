@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from .case import Case, RankBatch
-from .ranks import RankSetting, forward, no_rank_has_work, sync
+from .ranks import RankSetting, expect, forward, no_rank_has_work, sync
 
 RankProgram = Callable[[RankSetting, Case, int], Any]
 
@@ -32,9 +32,9 @@ def _stepping(label: str, *, with_manager: bool) -> RankProgram:
     def program(setting: RankSetting, case: Case, rank: int) -> None:
         manager = setting.manager if with_manager else None
         for index, step in enumerate(case.steps):
-            descriptor, agreement = sync(
-                setting, rank, f"{label} {index}", manager, step[rank]
-            )
+            phase = f"{label} {index}"
+            expect(setting, rank, phase, manager, step, case.policy.microbatching)
+            descriptor, agreement = sync(setting, rank, phase, manager, step[rank])
             forward(descriptor, agreement)
 
     return program
@@ -49,9 +49,9 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
     reuse = setting.target.api.has("reuse")
     for index, step in enumerate(case.steps):
         batch = step[rank]
-        descriptor, agreement = sync(
-            setting, rank, f"step {index}", setting.manager, batch
-        )
+        phase = f"step {index}"
+        expect(setting, rank, phase, setting.manager, step, case.policy.microbatching)
+        descriptor, agreement = sync(setting, rank, phase, setting.manager, batch)
         forward(descriptor, agreement)
         if no_rank_has_work(descriptor, agreement) or getattr(
             agreement, "skip_drafts", False

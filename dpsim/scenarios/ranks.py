@@ -20,6 +20,7 @@ from dpsim.targets.adapters import Agreement, Descriptor, agreement_of, describe
 from dpsim.targets.load import Target
 
 from .case import RankBatch
+from .expect import EXPECT_EVENT, table_choices
 
 SYNC_EVENT = "sync"
 _FORWARD_DTYPE = torch.int8
@@ -104,6 +105,27 @@ def sync(
     payload["agreement"] = agreement_dict(agreement_of(native_agreement))
     record(SYNC_EVENT, **payload)
     return descriptor, native_agreement
+
+
+def expect(
+    setting: RankSetting,
+    rank: int,
+    phase: str,
+    manager: Any,
+    step: tuple[RankBatch, ...],
+    microbatching: Any,
+) -> None:
+    """Record, once per step (on rank 0), what a correct sync would choose."""
+    if rank != 0:
+        return
+    choices = table_choices(manager, step, microbatching)
+    if choices is not None:
+        record(EXPECT_EVENT, phase=phase, choices=choices)
+
+
+def sync_records(trace: Any) -> list[dict[str, Any]]:
+    """The syncs one rank's trace recorded, in order, without other events."""
+    return [event.payload for event in trace.events if event.kind == SYNC_EVENT]
 
 
 def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:

@@ -1,0 +1,81 @@
+"""``graph-choice``: no rank settles for less than the table's graph for the agreed batch.
+
+Asserts, for every sync that all ranks made afresh in a step the scenario's
+oracle judged (:mod:`dpsim.scenarios.expect`: steps with a capture table and
+some work), wherever the oracle gives a rank a graph and the rank splits its
+step as the oracle does: the rank runs no lower a mode (eager below PIECEWISE
+below FULL) and pads to no more tokens than that graph. The oracle's graph is
+the table's own choice (the version's ``dispatch``) for the agreed batch: the
+largest token count, the uniform length every rank shares, the largest
+query-length bound, the rank's own request and LoRA counts; none when some
+rank asked for eager or gets no graph for its own batch, and a microbatched
+one only when every rank fills its last microbatch.
+
+Why: the safety properties compare ranks with each other, so a choice wrong on
+every rank alike passes them: a vote dropped so that every step runs eager, a
+query-length bound lost so that varlen graphs never match, padding to a graph
+larger than the agreed batch needs. Each costs throughput on every step of a
+deployment without a single error. Where a rank runs more than the oracle
+(a graph where it says eager, a higher mode, fewer tokens) or splits
+differently, the safety properties (``eager-contagion``, ``ubatch-split``,
+``coverage``, ``ubatch-decision``) judge; this one does not report their
+findings twice. Guards: agreed values computed wrongly but identically, graph
+misses that degrade decode steps (35376, 34167), eager fallbacks that fire too
+often (51700's microbatching guard), and capture-size policies that do not
+serve the batches they should.
+"""
+
+from __future__ import annotations
+
+from .base import Evidence, Property, Verdict
+
+NAME = "graph-choice"
+#: Less is cheaper to get wrong: a rank may not fall to a lower mode.
+_RANK = {"NONE": 0, "PIECEWISE": 1, "FULL": 2}
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    expected = evidence.expected
+    for phase in evidence.complete_phases:
+        choices = expected.get(phase.name)
+        if choices is None or any(
+            record is not None and record["reused"] for record in phase.records
+        ):
+            continue
+        for rank, choice in enumerate(choices):
+            ran = phase.descriptor(rank)
+            got = (ran["cg_mode"], ran["num_tokens"], ran["num_ubatches"] or 1)
+            wanted = (choice["cg_mode"], choice["num_tokens"], choice["num_ubatches"])
+            if wanted[0] == "NONE" or got[2] != wanted[2]:
+                continue  # the safety properties' to judge
+            downgraded = _RANK[got[0]] < _RANK[wanted[0]]
+            if downgraded or got[1] > wanted[1]:
+                return Verdict(
+                    NAME,
+                    phase.name,
+                    (rank,),
+                    f"rank {rank} runs {_shape(*got)}, but the agreed batch "
+                    f"({_agreed(choice)}) calls for {_shape(*wanted)}",
+                )
+    return None
+
+
+def _shape(mode: str, tokens: int, parts: int) -> str:
+    split = f" in {parts} microbatches" if parts > 1 else ""
+    return f"{mode} x {tokens} tokens{split}"
+
+
+def _agreed(choice: dict[str, object]) -> str:
+    return (
+        f"largest {choice['largest']} tokens, uniform {choice['uniform']}, "
+        f"query bound {choice['bound']}"
+    )
+
+
+PROPERTY = Property(
+    NAME,
+    "no rank settles for less than the table's graph for the agreed batch",
+    "choices wrong on every rank alike: needless eager, lost bounds, "
+    "over-padding (35376, 34167)",
+    judge,
+)

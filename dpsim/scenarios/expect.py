@@ -1,0 +1,147 @@
+"""What a correct sync chooses for a step, from every rank's batch: the oracle.
+
+Safety properties judge ranks against each other, so a sync that is wrong on
+every rank alike (always eager, padding to a graph larger than needed, never
+microbatching) passes them all, and such a sync throws away what DP padding
+and CUDA graphs exist for. The documented contract says what the choice
+should be: the ranks agree on the largest token count, the uniform decode
+length they share, the largest query-length bound (none if any rank has
+none) and whether to microbatch; one rank that cannot replay a graph makes
+every rank eager; otherwise each rank runs what the capture table gives that
+agreed batch with its own request and LoRA counts.
+
+The oracle asks the version's own manager (``dispatch``) for those choices, so
+no table logic is rewritten here; it runs once per step, in rank 0's program,
+and is recorded as an ``expect`` event for the ``graph-choice`` property.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from dpsim.targets import Microbatching
+from dpsim.targets.adapters import describe, dispatch
+
+from .case import RankBatch
+
+EXPECT_EVENT = "expect"
+
+
+def expected_split(batches: Sequence[Any], settings: Microbatching | None) -> int:
+    """Microbatches the step splits into: with two or more ranks, all allow it
+    and the smallest reaches the threshold (decode when every rank runs the
+    same uniform decode, prefill otherwise). ``batches`` are RankBatch objects
+    or their dicts."""
+    fields = [_fields(batch) for batch in batches]
+    if settings is None or len(fields) < 2:
+        return 1  # one rank skips the sync and everything it agrees
+    if not all(batch["allow_ubatching"] for batch in fields):
+        return 1
+    shared_decode = len(
+        {batch["uniform_token_count"] for batch in fields}
+    ) == 1 and all(batch["uniform_decode"] for batch in fields)
+    threshold = (
+        settings.decode_token_threshold
+        if shared_decode
+        else settings.prefill_token_threshold
+    )
+    smallest = min(batch["num_tokens"] for batch in fields)
+    return settings.num_ubatches if smallest >= threshold else 1
+
+
+def table_choices(
+    manager: Any, step: Sequence[RankBatch], settings: Microbatching | None
+) -> list[dict[str, Any]] | None:
+    """Each rank's expected (cg_mode, num_tokens, num_ubatches), with what the
+    ranks agreed; None where there is nothing to judge (no manager: a profile
+    run; no work anywhere: the ``idle`` property's domain)."""
+    if manager is None or not any(batch.num_tokens for batch in step):
+        return None
+    largest = max(batch.num_tokens for batch in step)
+    smallest = min(batch.num_tokens for batch in step)
+    uniforms = {batch.uniform_token_count for batch in step}
+    uniform = uniforms.pop() if len(uniforms) == 1 else None
+    bounds = [batch.max_query_len for batch in step]
+    bound = None if None in bounds else max(b for b in bounds if b is not None)
+    parts = expected_split(step, settings)
+    anyone_eager = any(batch.need_eager for batch in step)
+    agreed = {"largest": largest, "uniform": uniform, "bound": bound}
+    if parts > 1:
+        return [
+            _split_choice(manager, batch, agreed, smallest, parts, anyone_eager)
+            for batch in step
+        ]
+    if anyone_eager or any(_alone(manager, batch) == "NONE" for batch in step):
+        return [_choice("NONE", batch.num_tokens, 1, agreed) for batch in step]
+    return [
+        _described(
+            dispatch(
+                manager,
+                batch.num_reqs,
+                largest,
+                uniform,
+                num_active_loras=batch.num_active_loras,
+                max_query_len=bound,
+            ),
+            agreed,
+        )
+        for batch in step
+    ]
+
+
+def _alone(manager: Any, batch: RankBatch) -> str:
+    """The mode this rank's own batch gets from the table: its vote."""
+    return describe(
+        dispatch(
+            manager,
+            batch.num_reqs,
+            batch.num_tokens,
+            batch.uniform_token_count,
+            num_active_loras=batch.num_active_loras,
+            max_query_len=batch.max_query_len,
+        )
+    ).cg_mode
+
+
+def _split_choice(
+    manager: Any,
+    batch: RankBatch,
+    agreed: dict[str, Any],
+    smallest: int,
+    parts: int,
+    anyone_eager: bool,
+) -> dict[str, Any]:
+    # Every rank pads to the largest; a microbatched graph only if one serves
+    # and every rank has tokens in its last microbatch (ubatch-split).
+    eager = _choice("NONE", agreed["largest"], parts, agreed)
+    if anyone_eager:
+        return eager
+    graph = describe(
+        dispatch(
+            manager,
+            batch.num_reqs,
+            agreed["largest"],
+            agreed["uniform"],
+            num_active_loras=batch.num_active_loras,
+            num_ubatches=parts,
+        )
+    )
+    if graph.cg_mode == "NONE" or smallest <= (parts - 1) * (graph.num_tokens // parts):
+        return eager
+    return _choice(graph.cg_mode, graph.num_tokens, parts, agreed)
+
+
+def _described(native: Any, agreed: dict[str, Any]) -> dict[str, Any]:
+    choice = describe(native)
+    return _choice(choice.cg_mode, choice.num_tokens, choice.num_ubatches, agreed)
+
+
+def _choice(
+    mode: str, tokens: int, parts: int, agreed: dict[str, Any]
+) -> dict[str, Any]:
+    return {"cg_mode": mode, "num_tokens": tokens, "num_ubatches": parts, **agreed}
+
+
+def _fields(batch: Any) -> dict[str, Any]:
+    return batch if isinstance(batch, dict) else batch.to_dict()
