@@ -214,6 +214,16 @@ def test_coverage_flags_uniform_query_bound_and_lora_shortfalls(
     assert failing(records) == ["coverage"]
 
 
+def test_coverage_lets_a_split_eager_step_pad_tokens_but_not_requests() -> None:
+    padded = split_phase([4, 6], 2)  # both ranks run 6 tokens, their own requests
+    assert "coverage" not in failing(padded, policy=SPLITTING)
+    padded[0] = {
+        **padded[0],
+        "descriptor": chose("NONE", 6, 6, ubatches=2),  # rank 0 has 4 requests
+    }
+    assert "coverage" in failing(padded, policy=SPLITTING)
+
+
 def test_eager_contagion_flags_an_ignored_need_eager() -> None:
     records = [
         {

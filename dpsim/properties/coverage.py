@@ -1,11 +1,12 @@
 """``coverage``: the descriptor a rank runs can serve that rank's own batch.
 
 Asserts, for every rank of every completed sync: an eager descriptor is the
-rank's own batch (eager pads nothing, microbatch splits aside); a graph holds
-at least the rank's tokens; if it pads requests, at least the rank's requests; if it is
-a uniform-decode graph, the rank's batch is a uniform decode of that length;
-if it bounds the query length, the rank's batch declares a bound no larger;
-and a graph's LoRA case holds at least the rank's active LoRAs.
+rank's own batch (eager pads nothing; a microbatched step pads tokens only,
+to split evenly); a graph holds at least the rank's tokens; if it pads
+requests, at least the rank's requests; if it is a uniform-decode graph, the
+rank's batch is a uniform decode of that length; if it bounds the query
+length, the rank's batch declares a bound no larger; and a graph's LoRA case
+holds at least the rank's active LoRAs.
 
 Why: an agreed shape that is too small for one rank's real batch makes that
 rank's graph replay read or write past its inputs: crashes such as reshape
@@ -34,10 +35,10 @@ def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
         return f"{descriptor['num_reqs']} requests < the batch's {batch['num_reqs']}"
     if descriptor["cg_mode"] == "NONE":
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
-        # padded"), except to split microbatches evenly.
-        if descriptor["num_ubatches"] == 1 and (
-            descriptor["num_tokens"] != batch["num_tokens"]
-            or descriptor["num_reqs"] != batch["num_reqs"]
+        # padded"), except tokens, to split microbatches evenly.
+        split = descriptor["num_ubatches"] > 1
+        if descriptor["num_reqs"] != batch["num_reqs"] or (
+            not split and descriptor["num_tokens"] != batch["num_tokens"]
         ):
             return (
                 f"an eager descriptor for {descriptor['num_reqs']} requests and "
