@@ -20,7 +20,7 @@ from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.scenarios import Case, RankBatch
 from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
-from dpsim.sim import EP_GROUP, current_world, record, simulate
+from dpsim.sim import DP_CPU_GROUP, EP_GROUP, current_world, record, simulate
 from dpsim.targets import Microbatching
 
 POLICY = CapturePolicy(
@@ -378,6 +378,40 @@ def test_graph_choice_flags_needless_eager_and_over_padding_only() -> None:
     assert failing(graph_phase("FULL", 4), expected=oracle("NONE", 3)) == []
     # No oracle recorded (a profile run): nothing to judge.
     assert failing(graph_phase("NONE", 0)) == []
+
+
+def solo_verdicts(alone: dict[str, Any], *, sync_alone: bool = False) -> list[str]:
+    """Two ranks sync a step together, then each alone, as the scenarios do."""
+    together = {
+        "inputs": batch(3),
+        "descriptor": chose("FULL", 4, 4),
+        "agreement": agreed([4, 4]),
+    }
+
+    def program(rank: int) -> None:
+        world = current_world()
+        record(SYNC_EVENT, phase="step 0", reused=False, solo=False, **together)
+        world.dist.barrier(group=world.group(EP_GROUP))
+        if sync_alone:
+            world.dist.barrier(group=world.group(DP_CPU_GROUP))
+        record(SYNC_EVENT, phase="solo 0", reused=False, solo=True, **alone)
+
+    result = simulate(program, ranks=2)
+    step = (RankBatch.from_dict(together["inputs"]),) * 2
+    case = Case("step", "contract", POLICY, (step,))
+    return [verdict.property for verdict in judge(case, result, [PROPERTIES["solo"]])]
+
+
+def test_solo_flags_a_skipped_sync_that_answers_differently_or_syncs() -> None:
+    same = {
+        "inputs": batch(3),
+        "descriptor": chose("FULL", 4, 4),
+        "agreement": agreed([4, 4]),
+    }
+    assert solo_verdicts(same) == []
+    assert solo_verdicts(same, sync_alone=True) == ["solo"]
+    own_column_lost = {**same, "agreement": agreed([4, 0])}
+    assert solo_verdicts(own_column_lost) == ["solo"]
 
 
 def test_every_property_documents_what_it_guards() -> None:

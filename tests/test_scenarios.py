@@ -290,3 +290,21 @@ def test_the_oracle_splits_into_a_graph_only_when_every_rank_fills_it() -> None:
     assert _chosen(policy, (_decode(4, **allow), _decode(3)))[0][2] == 1
     assert expected_split(full, policy.microbatching) == 2
     assert expected_split(full[:1], policy.microbatching) == 1  # one rank: no sync
+
+
+@pytest.mark.parametrize(("version", "solo"), [("0.29.0", False), ("0.33.0", True)])
+def test_identical_batches_are_synced_again_alone_where_vllm_allows_it(
+    version: str, solo: bool
+) -> None:
+    plain = replace(_decode(3), uniform_decode=False)  # 0.29 takes no such vote
+    same = (plain, plain)
+    different = (plain, replace(plain, num_reqs=1, num_tokens=1))
+    result = run_case(
+        load_target(version), Case("step", "caller", SMALL, (same, different))
+    )
+    phases = _phases(result)[0]
+    assert phases == (["step 0", "solo 0", "step 1"] if solo else ["step 0", "step 1"])
+    if solo:
+        together, alone = sync_records(result.ranks[1])[:2]
+        assert alone["solo"] and not together["solo"]
+        assert alone["descriptor"] == together["descriptor"]

@@ -519,6 +519,33 @@ WITNESSES: tuple[FaultyTarget, ...] = (
         policy=_VARLEN_DECODE,
     ),
     FaultyTarget(
+        name="witness-solo",
+        kind="witness",
+        reference="v33",
+        edits=(
+            (
+                "    if should_skip_dp_coordination():\n"
+                "        # Coordination is off: behave as if every rank reported what this one did.\n"
+                "        table[:] = table[:, dp_rank : dp_rank + 1].clone()\n"
+                "    else:\n"
+                "        get_dp_group().cpu_all_reduce_(table)\n",
+                "    get_dp_group().cpu_all_reduce_(table)\n",
+            ),
+        ),
+        bug_class=COLLECTIVE_SKIPPED,
+        upstream=("vllm#24828", "vllm#43547"),
+        docstring=(
+            "the sync all-reduces even when told to skip DP coordination. Non-MoE "
+            "DP ranks skip it on purpose (#24828), each on its own schedule, so a "
+            "rank that still all-reduces waits for peers that are not syncing: "
+            "the per-step collective some ranks skip, the hang of #43547. With "
+            "every rank in the sync the answers are right, which is why only the "
+            "collective shows it."
+        ),
+        caught_by=("solo",),
+        scenario="step",
+    ),
+    FaultyTarget(
         name="witness-agreed-values",
         kind="witness",
         reference="v29",

@@ -25,6 +25,7 @@ from . import (
     no_hang,
     padded_counts,
     reuse,
+    solo,
     ubatch_decision,
     ubatch_split,
 )
@@ -38,6 +39,7 @@ PROPERTIES: dict[str, Property] = {
         agreement,
         agreed_values,
         reuse,
+        solo,
         eager_contagion,
         idle,
         padded_counts,

@@ -9,7 +9,7 @@ what it asserts, why it matters and which upstream bug class it guards.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -17,7 +17,9 @@ from typing import Any
 from dpsim.scenarios.case import Case
 from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
-from dpsim.sim import SimResult
+from dpsim.sim import DP_CPU_GROUP, DP_DEVICE_GROUP, SimResult
+
+DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,24 @@ class Evidence:
     @property
     def complete_phases(self) -> tuple[Phase, ...]:
         return tuple(phase for phase in self.phases if phase.complete)
+
+
+def syncs_and_their_collectives(
+    trace: Any,
+) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
+    """Each sync one rank recorded, with the collectives it entered since the
+    previous sync (that sync's forward included): the ones on a DP group are
+    the sync's own."""
+    entered_before = 0
+    for event in trace.events:
+        if event.kind != SYNC_EVENT:
+            continue
+        yield event.payload, trace.collectives[entered_before : event.after_collectives]
+        entered_before = event.after_collectives
+
+
+def on_dp_group(collectives: tuple[Any, ...]) -> bool:
+    return any(record.group in DP_GROUPS for record in collectives)
 
 
 Judge = Callable[[Evidence], "Verdict | None"]

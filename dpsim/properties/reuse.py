@@ -17,25 +17,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from dpsim.scenarios.ranks import SYNC_EVENT
-
-from .base import Evidence, Property, Verdict
+from .base import (
+    Evidence,
+    Property,
+    Verdict,
+    on_dp_group,
+    syncs_and_their_collectives,
+)
 
 NAME = "reuse"
-_DP_GROUP = "dp_cpu"
 
 
 def judge(evidence: Evidence) -> Verdict | None:
     for trace in evidence.result.ranks:
         given: dict[str, Any] | None = None
-        entered_before = 0
-        for event in trace.events:
-            if event.kind != SYNC_EVENT:
-                continue
-            payload = event.payload
+        for payload, issued in syncs_and_their_collectives(trace):
             if payload["reused"] and "descriptor" in payload and given is not None:
-                issued = trace.collectives[entered_before : event.after_collectives]
-                if any(record.group == _DP_GROUP for record in issued):
+                if on_dp_group(issued):
                     return Verdict(
                         NAME,
                         payload["phase"],
@@ -45,9 +43,8 @@ def judge(evidence: Evidence) -> Verdict | None:
                 reason = _changed(given, payload["agreement"])
                 if reason is not None:
                     return Verdict(NAME, payload["phase"], (trace.rank,), reason)
-            elif not payload["reused"]:
+            elif not payload["reused"] and not payload.get("solo"):
                 given = payload.get("agreement")
-            entered_before = event.after_collectives
     return None
 
 

@@ -277,6 +277,7 @@ class RealWorld:
         self.rank = rank
         self.log = log
         self.steps = 0
+        self._skip = False
         self.entered = 0
         self._budget = step_budget
         self._groups = groups
@@ -300,7 +301,10 @@ class RealWorld:
         return runtime.SINGLE_PIPELINE_STAGE
 
     def skip_dp_coordination(self) -> bool:
-        return False
+        return self._skip
+
+    def set_skip_dp_coordination(self, flag: bool) -> None:
+        self._skip = flag
 
     def tick(self) -> None:
         self.steps += 1

@@ -9,6 +9,10 @@
 ``profile``  the profile run: every rank eager with no capture manager.
 ``ubatch``   steps with microbatching votes, for versions that microbatch.
 
+In ``step``, ``profile`` and ``ubatch``, a step in which every rank has the
+same batch is synced a second time with DP coordination skipped (``solo``
+phases), on versions that let callers skip DP coordination (0.30+).
+
 Each scenario differs from ``step`` mostly in what the generators feed it
 (:mod:`dpsim.scenarios.generate`); the programs differ only where vLLM's
 callers do.
@@ -36,6 +40,13 @@ def _stepping(label: str, *, with_manager: bool) -> RankProgram:
             expect(setting, rank, phase, manager, step, case.policy.microbatching)
             descriptor, agreement = sync(setting, rank, phase, manager, step[rank])
             forward(descriptor, agreement)
+            if setting.target.skips_coordination and all(b == step[0] for b in step):
+                # Every rank has the same batch, so a rank answering alone
+                # must answer as the ranks just did together. A non-MoE
+                # model runs no expert collectives: no forward to follow.
+                solo = f"solo {index}"
+                expect(setting, rank, solo, manager, step, case.policy.microbatching)
+                sync(setting, rank, solo, manager, step[rank], solo=True)
 
     return program
 

@@ -39,6 +39,7 @@ class ProgramWorld(Protocol):
     def dist(self) -> Any: ...
     def group(self, name: str) -> Any: ...
     def record(self, kind: str, payload: dict[str, Any]) -> None: ...
+    def set_skip_dp_coordination(self, flag: bool) -> None: ...
 
 
 def program_world() -> ProgramWorld:
@@ -80,13 +81,22 @@ def sync(
     batch: RankBatch,
     *,
     reuse: Any = None,
+    solo: bool = False,
 ) -> tuple[Descriptor, Any]:
-    """One call into the target, recorded; returns (descriptor, native agreement)."""
+    """One call into the target, recorded; returns (descriptor, native agreement).
+
+    ``solo`` makes the call inside vLLM's ``skip_dp_coordination()``: the rank
+    answers alone, as if every rank had its batch (non-MoE DP, vLLM 24828).
+    """
     payload: dict[str, Any] = {
         "phase": phase,
         "inputs": batch.to_dict(),
         "reused": reuse is not None,
+        "solo": solo,
     }
+    world = program_world()
+    if solo:
+        world.set_skip_dp_coordination(True)
     try:
         native_descriptor, native_agreement = setting.target.api.call(
             manager,
@@ -100,6 +110,9 @@ def sync(
         payload["error"] = f"{type(error).__name__}: {error}"
         record(SYNC_EVENT, **payload)
         raise
+    finally:
+        if solo:
+            world.set_skip_dp_coordination(False)
     descriptor = describe(native_descriptor)
     payload["descriptor"] = descriptor_dict(descriptor)
     payload["agreement"] = agreement_dict(agreement_of(native_agreement))

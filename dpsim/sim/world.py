@@ -139,6 +139,10 @@ class SimWorld:
     def tick(self) -> None:
         self.scheduler.charge()
 
+    def set_skip_dp_coordination(self, flag: bool) -> None:
+        """What ``should_skip_dp_coordination()`` answers on the running rank from now on."""
+        self.skip_flags[self.scheduler.current] = flag
+
     # -- for programs -----------------------------------------------------------
 
     def record(self, kind: str, payload: dict[str, Any]) -> None:
@@ -172,5 +176,4 @@ def current_world() -> SimWorld:
 
 def set_skip_dp_coordination(flag: bool) -> None:
     """What ``should_skip_dp_coordination()`` answers on the running rank from now on."""
-    world = _running_world()
-    world.skip_flags[world.scheduler.current] = flag
+    _running_world().set_skip_dp_coordination(flag)

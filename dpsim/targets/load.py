@@ -9,6 +9,7 @@ checks thousands of cases loads each version once.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,13 @@ class Target:
             config,
             self.compilation.__dict__.get("CompilationConfig"),
         )
+
+    @functools.cached_property
+    def skips_coordination(self) -> bool:
+        """Whether this vLLM lets callers skip DP coordination
+        (``skip_dp_coordination()``, 0.30+), whatever the sync file does with it."""
+        runtime_helpers = self.source_text("v1/worker/dp_utils.py") or ""
+        return "def skip_dp_coordination" in runtime_helpers
 
     def source_text(self, relative: str) -> str | None:
         """A file of the base vLLM (e.g. its model runner), read not executed."""

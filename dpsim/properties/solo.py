@@ -1,0 +1,81 @@
+"""``solo``: a rank told to skip DP coordination answers alone, as the ranks would together.
+
+Asserts, for every sync a rank made inside ``skip_dp_coordination()`` (the
+``solo`` phases: steps in which every rank has the same batch, synced a second
+time on versions that let callers skip coordination, 0.30+): the call issued
+no collective on a DP group, and its descriptor and agreement are the ones the
+same rank got from the coordinated sync of that step.
+
+Why: non-MoE data parallelism runs no expert collectives, so vLLM lets such
+ranks skip the per-step all-reduce (24828) and answer from their own batch as
+if every rank had it. With every rank holding the same batch that answer is
+known: the coordinated one. A skip that still all-reduces is a collective
+only some callers issue (a hang), and one that reads the table wrongly
+(its own column left empty, a neighbour's copied) runs a shape the rank's
+batch does not have. Guards: the skip path of 24828 and the per-step DP
+collective it removes (43547's hang when some ranks skip it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    Evidence,
+    Property,
+    Verdict,
+    on_dp_group,
+    syncs_and_their_collectives,
+)
+
+NAME = "solo"
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    for trace in evidence.result.ranks:
+        together: dict[str, dict[str, Any]] = {}
+        for payload, issued in syncs_and_their_collectives(trace):
+            name = payload["phase"]
+            if not payload.get("solo"):
+                together[name] = payload
+                continue
+            if "descriptor" not in payload:
+                continue  # it raised: no-error's to report
+            rank = (trace.rank,)
+            if on_dp_group(issued):
+                return Verdict(
+                    NAME,
+                    name,
+                    rank,
+                    f"rank {trace.rank} skipped DP coordination but synced",
+                )
+            # "solo 3" repeats "step 3" (or "profile 3", "ubatch 3").
+            peer = together.get(name.replace("solo", evidence.case.scenario))
+            if peer is None or "descriptor" not in peer:
+                continue
+            for key in ("descriptor", "agreement"):
+                if payload[key] != peer[key]:
+                    return Verdict(
+                        NAME,
+                        name,
+                        rank,
+                        f"rank {trace.rank} alone got {key} {_short(payload[key])}, "
+                        f"but with every rank's identical batch the ranks agreed "
+                        f"{_short(peer[key])}",
+                    )
+    return None
+
+
+def _short(value: Any) -> str:
+    if not isinstance(value, dict):
+        return str(value)
+    return "{" + ", ".join(f"{k}={v}" for k, v in value.items() if v is not None) + "}"
+
+
+PROPERTY = Property(
+    NAME,
+    "a sync skipping DP coordination issues no DP collective and answers as "
+    "the coordinated sync did for the same batch on every rank",
+    "the non-MoE skip path (24828) and the collective it removes (43547)",
+    judge,
+)
