@@ -21,6 +21,7 @@ import functools
 import time
 from dataclasses import dataclass, replace
 
+from dpsim.check import DEFAULT_EXAMPLES as CHECK_EXAMPLES
 from dpsim.check import CheckOptions, run_check
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.scenarios import PROFILES
@@ -28,7 +29,9 @@ from dpsim.scenarios.generate import DEFAULT_RANKS, scenarios_for
 from dpsim.targets import load_target
 from dpsim.targets.load import Target
 
-DEFAULT_EXAMPLES = 100
+#: A mutant gets the budget ``dpsim check`` gives a target: the score says
+#: what a default check would catch.
+DEFAULT_EXAMPLES = CHECK_EXAMPLES
 DEFAULT_SECONDS = 60.0
 
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
