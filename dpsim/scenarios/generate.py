@@ -159,7 +159,7 @@ def cases(
         )
         drawn = []
         for _ in range(steps):
-            step = draw(batch(dp_size))
+            step = batch(draw, dp_size)
             drawn.append(tuple(step))
         return Case(
             scenario=scenario,
@@ -189,6 +189,13 @@ def _fit_policy(
         )
     if scenario == "drafter" and policy.decode_query_len < 2:
         policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
+    if scenario == "ubatch" and policy.cudagraph_mode in ("NONE", "PIECEWISE"):
+        # Microbatched graphs are FULL graphs: most ubatch cases should have
+        # some to choose from (the others still test eager splits).
+        if draw(st.booleans()):
+            policy = replace(
+                policy, cudagraph_mode=draw(st.sampled_from(FULL_CAPABLE_MODES))
+            )
     if scenario == "ubatch" and policy.microbatching is None:
         # Thresholds at the table's edges, where the batches are drawn: a
         # threshold far above every batch would never microbatch at all.
@@ -204,7 +211,10 @@ def _fit_policy(
     return policy
 
 
-BatchesOf = Callable[[int], st.SearchStrategy[list[RankBatch]]]
+#: Draws one step's batches for ``dp_size`` ranks. Plain functions of the
+#: outer ``draw``, not composite strategies: Hypothesis inspects a composite's
+#: source each time one is built, which cost half of a check's time.
+BatchesOf = Callable[[st.DrawFn, int], list[RankBatch]]
 
 
 @functools.lru_cache(maxsize=512)
@@ -271,14 +281,18 @@ def _caller_batches(
     # purpose, since mixed palettes all but never produce one.
     mixes = KIND_MIXES
     if policy.microbatching is not None:
-        mixes = (*mixes, SPLIT, SPLIT) if scenario == "ubatch" else (*mixes, SPLIT)
-    # A microbatched graph is captured only at sizes the threshold admits.
+        # Half of a ubatch scenario's steps; one mix in five elsewhere.
+        splits = len(KIND_MIXES) if scenario == "ubatch" else 1
+        mixes = (*mixes, *[SPLIT] * splits)
+    # A microbatched decode graph is captured only at sizes the threshold
+    # admits and that whole decodes of at most max_num_seqs requests fill.
     graph_sizes = [
-        size for size in policy.capture_sizes if size >= decode_threshold
+        size
+        for size in policy.capture_sizes
+        if decode_threshold <= size <= max_reqs * query_len
     ] or list(policy.capture_sizes)
     split_anchors = st.sampled_from(graph_sizes) if graph_sizes else anchors
 
-    @st.composite
     def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
         kind = draw(st.sampled_from(kinds))
         if kind == "dummy":
@@ -288,9 +302,11 @@ def _caller_batches(
             # A uniform decode that a microbatched graph of ``anchor`` tokens
             # serves: at least half of it (vLLM keeps the graph only while
             # twice the smallest rank reaches it) and at least the threshold.
-            least = max(1, -(-anchor // 2), decode_threshold)
+            # Decode graphs are captured at sizes rounded up to whole requests.
+            graph = -(-anchor // query_len) * query_len
+            least = max(1, -(-graph // 2), decode_threshold)
             low = min(max_reqs, -(-least // query_len))
-            high = max(low, min(max_reqs, anchor // query_len))
+            high = max(low, min(max_reqs, graph // query_len))
             reqs = draw(st.integers(low, high))
             return finish([query_len] * reqs, False, "decode", draw)
         near = _near(anchor)
@@ -326,7 +342,6 @@ def _caller_batches(
             lengths = [query_len] * decodes + lengths
         return finish(lengths, True, kind, draw)
 
-    @st.composite
     def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Every rank profiles the same dummy batch, eager, with no manager.
         total = draw(tokens)
@@ -334,7 +349,6 @@ def _caller_batches(
         batch = replace(finish(lengths, False, "profile", draw), need_eager=True)
         return [batch] * dp_size
 
-    @st.composite
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Swarm testing: each step allows a few kinds of batch, so that steps
         # where every rank decodes (where microbatched graphs live) are common.
@@ -345,7 +359,7 @@ def _caller_batches(
         kinds = draw(st.sampled_from(mixes))
         anchor = draw(split_anchors if kinds == SPLIT else anchors)
         palette = [
-            draw(one_rank(kinds, anchor)) for _ in range(draw(st.integers(1, 3)))
+            one_rank(draw, kinds, anchor) for _ in range(draw(st.integers(1, 3)))
         ]
         batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
         if all(batch.kind == "dummy" for batch in batches):
@@ -366,7 +380,6 @@ def _contract_batches(
     counts = st.one_of(token_counts(policy), st.just(0))
     loras = active_loras(policy)
 
-    @st.composite
     def one_rank(draw: st.DrawFn) -> RankBatch:
         tokens = draw(counts)
         uniform: int | None = None
@@ -404,10 +417,9 @@ def _contract_batches(
             kind="idle" if tokens == 0 else "batch",
         )
 
-    @st.composite
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # As for callers: ranks share a palette of a few shapes (see above).
-        palette = [draw(one_rank()) for _ in range(draw(st.integers(1, 3)))]
+        palette = [one_rank(draw) for _ in range(draw(st.integers(1, 3)))]
         return [draw(st.sampled_from(palette)) for _ in range(dp_size)]
 
     return step
@@ -438,6 +450,8 @@ def _thresholds(policy: CapturePolicy) -> tuple[int, ...]:
     values = (settings.decode_token_threshold, settings.prefill_token_threshold)
     return tuple(value for value in values if value > 0)
 
+
+FULL_CAPABLE_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 #: Every rank a uniform decode that one microbatched graph can serve.
 SPLIT = ("split",)
