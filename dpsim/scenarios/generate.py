@@ -189,13 +189,16 @@ def _fit_policy(
         )
     if scenario == "drafter" and policy.decode_query_len < 2:
         policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
-    if scenario == "ubatch" and policy.cudagraph_mode in ("NONE", "PIECEWISE"):
-        # Microbatched graphs are FULL graphs: most ubatch cases should have
-        # some to choose from (the others still test eager splits).
-        if draw(st.booleans()):
-            policy = replace(
-                policy, cudagraph_mode=draw(st.sampled_from(FULL_CAPABLE_MODES))
-            )
+    # Microbatched graphs are FULL graphs: most ubatch cases should have some
+    # to choose from (the others still test eager splits).
+    if (
+        scenario == "ubatch"
+        and policy.cudagraph_mode in ("NONE", "PIECEWISE")
+        and draw(st.booleans())
+    ):
+        policy = replace(
+            policy, cudagraph_mode=draw(st.sampled_from(FULL_CAPABLE_MODES))
+        )
     if scenario == "ubatch" and policy.microbatching is None:
         # Thresholds at the table's edges, where the batches are drawn: a
         # threshold far above every batch would never microbatch at all.
