@@ -224,6 +224,26 @@ def test_coverage_lets_a_split_eager_step_pad_tokens_but_not_requests() -> None:
     assert "coverage" in failing(padded, policy=SPLITTING)
 
 
+def test_coverage_lets_ranks_run_eager_at_an_agreed_graph_size_the_table_lacked() -> (
+    None
+):
+    # The ranks agreed on 2 tokens (not eager) but the table has no graph for
+    # the agreed batch: every rank runs eager at 2, rank 1 with 1 real token.
+    records = [
+        {
+            "inputs": batch(count),
+            "descriptor": chose("NONE", 2, count),
+            "agreement": agreed([2, 2], eager=eager),
+        }
+        for count in (2, 1)
+        for eager in [False]
+    ]
+    assert "coverage" not in failing(records)
+    for synced in records:
+        synced["agreement"] = agreed([2, 2], eager=True)  # then nothing was padded
+    assert "coverage" in failing(records)
+
+
 def test_eager_contagion_flags_an_ignored_need_eager() -> None:
     records = [
         {

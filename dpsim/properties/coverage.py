@@ -2,7 +2,8 @@
 
 Asserts, for every rank of every completed sync: an eager descriptor is the
 rank's own batch (eager pads nothing; a microbatched step pads tokens only,
-to split evenly); a graph holds at least the rank's tokens; if it pads
+to split evenly; ranks that agreed on a graph the table then lacked run eager
+at the agreed count); a graph holds at least the rank's tokens; if it pads
 requests, at least the rank's requests; if it is a uniform-decode graph, the
 rank's batch is a uniform decode of that length; if it bounds the query
 length, the rank's batch declares a bound no larger; and a graph's LoRA case
@@ -24,8 +25,15 @@ from .base import Evidence, Property, Verdict
 NAME = "coverage"
 
 
-def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
-    """Why ``descriptor`` cannot serve ``batch``, or None when it can."""
+def shortfall(
+    batch: dict[str, Any], descriptor: dict[str, Any], agreed_count: int | None = None
+) -> str | None:
+    """Why ``descriptor`` cannot serve ``batch``, or None when it can.
+
+    ``agreed_count`` is this rank's entry of an agreement that is not eager:
+    the table had no graph for the agreed batch, so the ranks run eager at the
+    agreed, padded size (DPSyncState pads unless ``eager``).
+    """
     if descriptor["num_tokens"] < batch["num_tokens"]:
         return f"{descriptor['num_tokens']} tokens < the batch's {batch['num_tokens']}"
     if (
@@ -37,8 +45,9 @@ def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
         # padded"), except tokens, to split microbatches evenly.
         split = descriptor["num_ubatches"] > 1
+        tokens = {batch["num_tokens"], agreed_count}
         if descriptor["num_reqs"] != batch["num_reqs"] or (
-            not split and descriptor["num_tokens"] != batch["num_tokens"]
+            not split and descriptor["num_tokens"] not in tokens
         ):
             return (
                 f"an eager descriptor for {descriptor['num_reqs']} requests and "
@@ -68,7 +77,13 @@ def shortfall(batch: dict[str, Any], descriptor: dict[str, Any]) -> str | None:
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         for rank in range(len(phase.records)):
-            reason = shortfall(phase.inputs(rank), phase.descriptor(rank))
+            agreement = phase.agreement(rank)
+            agreed_count = (
+                agreement["num_tokens_across_dp"][rank]
+                if agreement is not None and agreement.get("eager") is False
+                else None
+            )
+            reason = shortfall(phase.inputs(rank), phase.descriptor(rank), agreed_count)
             if reason is not None:
                 descriptor = phase.descriptor(rank)
                 return Verdict(
