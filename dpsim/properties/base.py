@@ -2,8 +2,8 @@
 
 A property is a pure function of a case and the simulator's result. It reads
 the ``sync`` events each rank recorded (grouped into :class:`Phase` objects:
-one sync call made by every rank) and the simulator's outcome; it simulates
-nothing itself. Each property lives in its own module, whose docstring says
+one sync call made by every rank), the oracle's ``expect`` events and the
+simulator's outcome; it simulates nothing itself. Each property lives in its own module, whose docstring says
 what it asserts, why it matters and which upstream bug class it guards.
 """
 
