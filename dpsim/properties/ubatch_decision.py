@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsim.scenarios.case import RankBatch
 from dpsim.scenarios.expect import expected_split
 
 from .base import Evidence, Property, Verdict
@@ -38,7 +39,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             continue
         ranks = range(len(phase.records))
         inputs = [phase.inputs(rank) for rank in ranks]
-        expected = expected_split(inputs, settings)
+        expected = expected_split([RankBatch.from_dict(b) for b in inputs], settings)
         for rank in ranks:
             parts = phase.descriptor(rank)["num_ubatches"] or 1
             if parts != expected:

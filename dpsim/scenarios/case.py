@@ -8,6 +8,7 @@ files carry the target separately.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -76,6 +77,12 @@ class Case:
     @property
     def dp_size(self) -> int:
         return len(self.steps[0])
+
+    @functools.cached_property
+    def shared_steps(self) -> tuple[bool, ...]:
+        """Per step, whether every rank passes the same batch; worked out once
+        per case, not once per rank and step."""
+        return tuple(all(batch == step[0] for batch in step) for step in self.steps)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -28,25 +28,23 @@ from .case import RankBatch
 EXPECT_EVENT = "expect"
 
 
-def expected_split(batches: Sequence[Any], settings: Microbatching | None) -> int:
+def expected_split(batches: Sequence[RankBatch], settings: Microbatching | None) -> int:
     """Microbatches the step splits into: with two or more ranks, all allow it
     and the smallest reaches the threshold (decode when every rank runs the
-    same uniform decode, prefill otherwise). ``batches`` are RankBatch objects
-    or their dicts."""
-    fields = [_fields(batch) for batch in batches]
-    if settings is None or len(fields) < 2:
+    same uniform decode, prefill otherwise)."""
+    if settings is None or len(batches) < 2:
         return 1  # one rank skips the sync and everything it agrees
-    if not all(batch["allow_ubatching"] for batch in fields):
+    if not all(batch.allow_ubatching for batch in batches):
         return 1
-    shared_decode = len(
-        {batch["uniform_token_count"] for batch in fields}
-    ) == 1 and all(batch["uniform_decode"] for batch in fields)
+    shared_decode = len({batch.uniform_token_count for batch in batches}) == 1 and all(
+        batch.uniform_decode for batch in batches
+    )
     threshold = (
         settings.decode_token_threshold
         if shared_decode
         else settings.prefill_token_threshold
     )
-    smallest = min(batch["num_tokens"] for batch in fields)
+    smallest = min(batch.num_tokens for batch in batches)
     return settings.num_ubatches if smallest >= threshold else 1
 
 
@@ -141,7 +139,3 @@ def _choice(
     mode: str, tokens: int, parts: int, agreed: dict[str, Any]
 ) -> dict[str, Any]:
     return {"cg_mode": mode, "num_tokens": tokens, "num_ubatches": parts, **agreed}
-
-
-def _fields(batch: Any) -> dict[str, Any]:
-    return batch if isinstance(batch, dict) else batch.to_dict()

@@ -35,17 +35,18 @@ def _stepping(label: str, *, with_manager: bool) -> RankProgram:
 
     def program(setting: RankSetting, case: Case, rank: int) -> None:
         manager = setting.manager if with_manager else None
+        can_skip = setting.target.skips_coordination
         for index, step in enumerate(case.steps):
             phase = f"{label} {index}"
-            expect(setting, rank, phase, manager, step, case.policy.microbatching)
+            expected = expect(rank, phase, manager, step, case.policy.microbatching)
             descriptor, agreement = sync(setting, rank, phase, manager, step[rank])
             forward(descriptor, agreement)
-            if setting.target.skips_coordination and all(b == step[0] for b in step):
+            if can_skip and case.shared_steps[index]:
                 # Every rank has the same batch, so a rank answering alone
                 # must answer as the ranks just did together. A non-MoE
                 # model runs no expert collectives: no forward to follow.
                 solo = f"solo {index}"
-                expect(setting, rank, solo, manager, step, case.policy.microbatching)
+                expected(solo)
                 sync(setting, rank, solo, manager, step[rank], solo=True)
 
     return program
@@ -61,7 +62,7 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
     for index, step in enumerate(case.steps):
         batch = step[rank]
         phase = f"step {index}"
-        expect(setting, rank, phase, setting.manager, step, case.policy.microbatching)
+        expect(rank, phase, setting.manager, step, case.policy.microbatching)
         descriptor, agreement = sync(setting, rank, phase, setting.manager, batch)
         forward(descriptor, agreement)
         if no_rank_has_work(descriptor, agreement) or getattr(

@@ -9,6 +9,7 @@ diverge in the simulator the way they would on GPUs: a mismatch or a hang.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -94,8 +95,9 @@ def sync(
         "reused": reuse is not None,
         "solo": solo,
     }
-    world = program_world()
-    if solo:
+    # Only a solo call needs the world here; record() finds it itself.
+    world = program_world() if solo else None
+    if world is not None:
         world.set_skip_dp_coordination(True)
     try:
         native_descriptor, native_agreement = setting.target.api.call(
@@ -111,7 +113,7 @@ def sync(
         record(SYNC_EVENT, **payload)
         raise
     finally:
-        if solo:
+        if world is not None:
             world.set_skip_dp_coordination(False)
     descriptor = describe(native_descriptor)
     payload["descriptor"] = descriptor_dict(descriptor)
@@ -121,19 +123,23 @@ def sync(
 
 
 def expect(
-    setting: RankSetting,
     rank: int,
     phase: str,
     manager: Any,
     step: tuple[RankBatch, ...],
     microbatching: Any,
-) -> None:
-    """Record, once per step (on rank 0), what a correct sync would choose."""
-    if rank != 0:
-        return
-    choices = table_choices(manager, step, microbatching)
-    if choices is not None:
-        record(EXPECT_EVENT, phase=phase, choices=choices)
+) -> Callable[[str], None]:
+    """What a correct sync would choose for ``step``, worked out once (on rank
+    0) and recorded for ``phase`` now; the returned function records it for a
+    later phase over the same step (a solo repeat) without working it out again."""
+    choices = table_choices(manager, step, microbatching) if rank == 0 else None
+
+    def record_for(phase: str) -> None:
+        if choices is not None:
+            record(EXPECT_EVENT, phase=phase, choices=choices)
+
+    record_for(phase)
+    return record_for
 
 
 def sync_records(trace: Any) -> list[dict[str, Any]]:
