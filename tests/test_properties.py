@@ -17,6 +17,7 @@ import torch
 from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
+from dpsim.properties.base import Verdict
 from dpsim.scenarios import Case, RankBatch
 from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
@@ -63,15 +64,15 @@ def agreed(counts: list[int], eager: bool = False, **extra: Any) -> dict[str, An
     return agreement
 
 
-def failing(
+def verdicts(
     records: list[dict[str, Any]],
     *,
     skip_forward_on: tuple[int, ...] = (),
     policy: CapturePolicy = POLICY,
     expected: list[dict[str, Any]] | None = None,
-) -> list[str]:
+) -> list[Verdict]:
     """Record one phase per rank as given (and the oracle's ``expected``
-    choices, as the scenarios do); return the names of failing properties."""
+    choices, as the scenarios do); return the failing properties' verdicts."""
 
     def program(rank: int) -> None:
         if expected is not None and rank == 0:
@@ -86,7 +87,12 @@ def failing(
     result = simulate(program, ranks=len(records))
     steps = (tuple(RankBatch.from_dict(r["inputs"]) for r in records),)
     case = Case("step", "contract", policy, steps)
-    return [verdict.property for verdict in judge(case, result)]
+    return judge(case, result)
+
+
+def failing(records: list[dict[str, Any]], **options: Any) -> list[str]:
+    """The names of the properties failing on ``records`` (see ``verdicts``)."""
+    return [verdict.property for verdict in verdicts(records, **options)]
 
 
 def test_a_correct_phase_fails_nothing() -> None:
@@ -540,3 +546,47 @@ def test_reuse_flags_a_second_sync_and_a_changed_agreement_but_allows_padding() 
         "reuse"
     ]
     assert reuse_run(resync=False, reused_agreement=agreed([1, 1]), runs=1) == ["reuse"]
+
+
+# -- verdict ranks: distinct and ascending, as a counterexample's reader wants ---
+
+
+def test_a_verdict_lists_each_rank_once_in_ascending_order() -> None:
+    assert Verdict("no-hang", None, (2, 0, 2, 1), "m").ranks == (0, 1, 2)
+
+
+def test_a_rank_that_asked_for_eager_and_replays_a_graph_is_named_once() -> None:
+    # Found by `dpsim check --scenario ubatch`: the verdict once listed [0, 0, 1]
+    # and its own counterexample file was refused by `dpsim replay`.
+    records = [
+        {
+            "inputs": batch(2, need_eager=True),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2]),
+        },
+        {
+            "inputs": batch(2),
+            "descriptor": chose("FULL", 2, 2),
+            "agreement": agreed([2, 2]),
+        },
+    ]
+    (verdict,) = verdicts(records)
+    assert verdict.ranks == (0, 1)
+    assert verdict.message == "rank 0 asked for eager but replays a FULL graph"
+
+
+def test_a_rank_whose_own_agreed_count_is_wrong_is_named_once() -> None:
+    records = [
+        {
+            "inputs": batch(2),
+            "descriptor": chose("NONE", 2, 2),
+            "agreement": agreed([3, 2], eager=True),
+        },
+        {
+            "inputs": batch(2),
+            "descriptor": chose("NONE", 2, 2),
+            "agreement": agreed([3, 2], eager=True),
+        },
+    ]
+    found = {verdict.property: verdict for verdict in verdicts(records)}
+    assert found["padded-counts"].ranks == (0,)

@@ -24,12 +24,21 @@ DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
 
 @dataclass(frozen=True)
 class Verdict:
-    """A property that failed: where, on which ranks, and why (one line)."""
+    """A property that failed: where, on which ranks, and why (one line).
+
+    ``ranks`` is the set of ranks involved, kept distinct and ascending
+    whatever order a property names them in: the message says who did what,
+    and a counterexample file (whose reader allows at most one entry per rank)
+    must never list a rank twice.
+    """
 
     property: str
     phase: str | None
     ranks: tuple[int, ...]
     message: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
 
     def __str__(self) -> str:
         where = f" at {self.phase}" if self.phase else ""

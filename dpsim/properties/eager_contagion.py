@@ -29,12 +29,16 @@ def judge(evidence: Evidence) -> Verdict | None:
         graph_ranks = tuple(rank for rank in ranks if not eager[rank])
         cause = next(rank for rank in ranks if eager[rank] or asked[rank])
         why = "asked for eager" if asked[cause] else "runs eager"
-        mode = phase.descriptor(graph_ranks[0])["cg_mode"]
+        # A rank that asked for eager and replays a graph itself is the
+        # plainest contradiction: say that, naming the rank once.
+        shown = cause if cause in graph_ranks else graph_ranks[0]
+        mode = phase.descriptor(shown)["cg_mode"]
+        who = "" if shown == cause else f" rank {shown}"
         return Verdict(
             NAME,
             phase.name,
             (cause, *graph_ranks),
-            f"rank {cause} {why} but rank {graph_ranks[0]} replays a {mode} graph",
+            f"rank {cause} {why} but{who} replays a {mode} graph",
         )
     return None
 
