@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -133,15 +134,33 @@ def _file_state(path: Path | None) -> tuple[int, int] | None:
     return (stat.st_mtime_ns, stat.st_size)
 
 
-def _load(spec: TargetSpec) -> Target:
+def source_paths(spec: TargetSpec, modules: Iterable[str]) -> dict[str, Path | None]:
+    """The file each module would be executed from if ``spec`` were loaded
+    (``None``: none there), executing nothing: what ``dpsim replay`` hashes
+    before it lets a counterexample's target run. A release not cached yet is
+    fetched (downloaded and unpacked, never imported)."""
+    loader = _loader(spec, _package_dir(spec))
+    return {module: loader.source_path(module) for module in modules}
+
+
+def _package_dir(spec: TargetSpec) -> Path:
     if isinstance(spec.base, ReleaseSpec):
-        package_dir = ensure_release(spec.base.version)
+        return ensure_release(spec.base.version)
+    return spec.base.package_dir
+
+
+def _loader(spec: TargetSpec, package_dir: Path) -> ModuleLoader:
+    overrides = {DP_UTILS_MODULE: spec.dp_utils_file} if spec.dp_utils_file else {}
+    return ModuleLoader(package_dir, overrides=overrides, stand_ins=STAND_INS)
+
+
+def _load(spec: TargetSpec) -> Target:
+    package_dir = _package_dir(spec)
+    if isinstance(spec.base, ReleaseSpec):
         version: str | None = spec.base.version
     else:
-        package_dir = spec.base.package_dir
         version = _tree_version(package_dir)
-    overrides = {DP_UTILS_MODULE: spec.dp_utils_file} if spec.dp_utils_file else {}
-    loader = ModuleLoader(package_dir, overrides=overrides, stand_ins=STAND_INS)
+    loader = _loader(spec, package_dir)
     for required in (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE):
         if loader.source_path(required) is None:
             raise TargetError(
