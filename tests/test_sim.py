@@ -202,6 +202,30 @@ def test_crash_on_one_rank_reports_it_and_where_the_others_wait() -> None:
     assert "ValueError: bad batch" in render_table(result)
 
 
+def test_sys_exit_on_one_rank_is_that_ranks_error_not_the_end_of_the_run() -> None:
+    def program(rank: int) -> list[int]:
+        if rank == 1:
+            sys.exit(0)
+        return all_reduce_rank_value(rank)
+
+    result = simulate(program, ranks=3)
+
+    assert result.outcome is Outcome.CRASH
+    exited = result.ranks[1]
+    assert exited.state is RankState.RAISED
+    assert exited.error is not None
+    assert (exited.error.type, exited.error.message) == ("SystemExit", "0")
+    assert [result.ranks[rank].state for rank in (0, 2)] == [RankState.WAITING] * 2
+
+
+def test_keyboard_interrupt_in_a_rank_still_ends_the_run() -> None:
+    def program(rank: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(program, ranks=2)
+
+
 def test_infinite_loop_is_stopped_by_the_step_budget_even_through_except() -> None:
     def program(rank: int) -> list[int]:
         if rank == 0:

@@ -227,7 +227,9 @@ class Scheduler:
         except StepBudgetExceeded:
             self.exits[rank] = (RankState.BUDGET, None, None)
             return
-        except Exception as error:
+        # SystemExit too: a target's sys.exit() in one rank is that rank's
+        # error, not the end of the run (KeyboardInterrupt still ends it).
+        except (Exception, SystemExit) as error:
             if self._closing:
                 return
             if self._budget_stopped[rank]:
