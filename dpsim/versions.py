@@ -21,9 +21,10 @@ from dpsim.check import CheckOptions, run_check
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.report import table
 from dpsim.targets import load_target
+from dpsim.targets.spec import OLDEST_SUPPORTED
 
 #: Every release whose API dpsim adapts: the first of each minor, 0.18 to 0.33.
-SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(18, 34))
+SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(OLDEST_SUPPORTED[1], 34))
 
 
 @dataclass(frozen=True)

@@ -258,14 +258,14 @@ def test_an_interrupted_fetch_leaves_no_entry_that_looks_complete(
 def test_a_wheel_without_dp_utils_is_refused_and_not_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    wheel = tmp_path / "vllm-0.1.0-py3-none-any.whl"
+    wheel = tmp_path / "vllm-0.99.1-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("vllm/config/compilation.py", "Z = 3\n")
     monkeypatch.setattr(
         cache_module, "_download", lambda version, into: Path(shutil.copy(wheel, into))
     )
     with pytest.raises(TargetError, match=r"has no vllm/v1/worker/gpu/dp_utils\.py"):
-        cache_module.ensure_release("0.1.0", tmp_path / "cache")
+        cache_module.ensure_release("0.99.1", tmp_path / "cache")
     assert _entries(tmp_path / "cache") == []
 
 
@@ -306,6 +306,7 @@ def test_an_api_no_adapter_supports_is_refused(
 
 
 def test_a_real_legacy_release_is_refused_with_the_reason() -> None:
+    # Refused by version, before its cache entry (or the index) is consulted.
     with pytest.raises(TargetError, match=r"0\.15-0\.17 API"):
         load_target("0.17.0")
 

@@ -10,7 +10,12 @@ from typing import Any
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.targets import Target, load_target
-from dpsim.targets.cache import cache_root, cached_releases, ensure_release
+from dpsim.targets.cache import (
+    cache_entries,
+    cache_root,
+    ensure_release,
+    refetch_release,
+)
 from dpsim.targets.spec import ReleaseSpec, parse_base
 
 HELP = "fetch, load and show targets (cached releases when none are named)"
@@ -18,12 +23,16 @@ EPILOG = """\
 A SPEC is a vLLM release (0.29.0), a vLLM source tree or an installed vllm
 package directory. With --target FILE, FILE replaces the dp_utils.py of the
 single --vllm SPEC. Releases are fetched once into $DPSIM_CACHE
-(default ~/.cache/dpsim) and work offline afterwards.
+(default ~/.cache/dpsim) and work offline afterwards; each use checks the
+cached files against the SHA-256s recorded at fetch time, and a damaged entry
+is refused until --refetch replaces it. With no SPEC, every cached release
+is loaded (and so checked).
 
 examples:
   dpsim targets 0.18.0 0.29.0 0.33.0
   dpsim targets --target ./dp_utils.py --vllm 0.29.0
   dpsim targets --json
+  dpsim targets --refetch 0.33.0
 """
 
 
@@ -41,12 +50,20 @@ def register(commands: Any) -> None:
         action="store_true",
         help="only make sure the releases are cached (no loading); for set-up",
     )
+    parser.add_argument(
+        "--refetch",
+        action="store_true",
+        help="download the releases again, replacing their cache entries "
+        "(repairs a damaged entry)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
-    if arguments.fetch:
-        return fetch(arguments.specs)
+    if arguments.fetch or arguments.refetch:
+        if arguments.fetch and arguments.refetch:
+            raise UsageError("--fetch and --refetch exclude each other")
+        return fetch(arguments.specs, again=arguments.refetch)
     requests: list[tuple[str | None, str | None]] = []
     if arguments.target:
         if arguments.specs:
@@ -55,7 +72,8 @@ def run(arguments: argparse.Namespace) -> int:
     elif arguments.vllm:
         raise UsageError("--vllm goes with --target; name releases as SPECs")
     else:
-        names = arguments.specs or cached_releases()
+        # Damaged entries too: loading one reports its damage.
+        names = arguments.specs or cache_entries()
         if not names:
             print(f"no releases cached in {cache_root()}; name some, e.g. 0.33.0")
             return 0
@@ -77,17 +95,22 @@ def run(arguments: argparse.Namespace) -> int:
     return 2 if failures else 0
 
 
-def fetch(versions: list[str]) -> int:
-    """Cache each release, whether or not dpsim can adapt its API."""
+def fetch(versions: list[str], *, again: bool = False) -> int:
+    """Cache each release (``again``: replace its entry), without loading it.
+
+    A release dpsim would refuse to load is refused here too, before its
+    wheel is downloaded.
+    """
+    flag = "--refetch" if again else "--fetch"
     if not versions:
-        raise UsageError("--fetch needs the releases to fetch")
+        raise UsageError(f"{flag} needs the releases to fetch")
     failures = 0
     for version in versions:
         spec = parse_base(version)
         if not isinstance(spec, ReleaseSpec):
-            raise UsageError(f"--fetch takes releases, not {version!r}")
+            raise UsageError(f"{flag} takes releases, not {version!r}")
         try:
-            ensure_release(spec.version)
+            (refetch_release if again else ensure_release)(spec.version)
         except UsageError as error:
             failures += 1
             print(f"dpsim: error: {error}", file=sys.stderr)

@@ -22,6 +22,7 @@ from typing import Any
 
 from dpsim.errors import TargetError
 from dpsim.targets.shim import function
+from dpsim.targets.spec import OLDEST_RELEASE
 
 DISPATCH_AND_SYNC = "dispatch_cg_and_sync_dp"
 SYNC_ONLY = "sync_cudagraph_and_dp_padding"
@@ -206,7 +207,7 @@ def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> 
             raise TargetError(
                 f"{dp_utils.__file__} exposes {LEGACY} (the vLLM 0.15-0.17 API, "
                 "with no capture manager), which dpsim does not adapt; "
-                "use vLLM 0.18.0 or later"
+                f"use vLLM {OLDEST_RELEASE} or later"
             )
         raise TargetError(
             f"{dp_utils.__file__} defines neither {DISPATCH_AND_SYNC} nor "

@@ -1,4 +1,5 @@
-"""vLLM releases, fetched once and kept as the few source files dpsim reads.
+"""vLLM releases, fetched once, kept as the few source files dpsim reads, and
+verified before they run.
 
 A release wheel is ~300 MB; dpsim needs well under 2 MB of it. ``fetch``
 downloads the wheel with ``pip download --no-deps`` into a scratch folder
@@ -7,7 +8,22 @@ writes a manifest with each file's SHA-256, and renames that folder into place.
 The rename is the commit point: an entry either exists whole or not at all, so
 an interrupted or failed fetch never leaves something that looks complete.
 Concurrent fetches of one release (pytest-xdist workers) serialise on a lock
-file, and the loser finds the winner's entry.
+file, and the loser finds the winner's entry. A release dpsim would refuse to
+load (:func:`~dpsim.targets.spec.check_release`) is refused before any of this.
+
+Every use of an entry checks it against its manifest first: each listed file
+must hash to the recorded SHA-256, and no other ``.py`` file may sit among
+them (the loader would import it). Hashing ~1.6 MB on every load is cheap but
+adds up over thousands of mutant loads, so a stamp beside the manifest
+(:data:`STAMP`) keeps each file's size, mtime and ctime from when it last
+matched; a file whose stat still agrees, and is older than the stamp (so an
+edit within the same clock tick is not missed), is trusted without re-hashing.
+
+A damaged entry (a file edited, truncated, missing or added; a manifest
+missing, empty, corrupt or naming another version) is refused in one line that
+names the damage and the repair, not re-fetched behind the user's back: a
+re-fetch is a ~300 MB download that fails offline, and an edited cache is often
+someone's deliberate experiment, which should not vanish silently.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -27,8 +44,12 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from dpsim.errors import TargetError
+from dpsim.targets.spec import DP_UTILS_IN_CHECKOUT as DP_UTILS
+from dpsim.targets.spec import RELEASE_PATTERN, check_release
 
 MANIFEST = "dpsim-manifest.json"
+#: Beside the manifest: each file's stat when it last matched its SHA-256.
+STAMP = "dpsim-verified.json"
 
 #: Path prefixes (inside the wheel) that the loader and the generators read.
 WANTED = (
@@ -41,59 +62,110 @@ WANTED = (
     "vllm/distributed/parallel_state.py",
     "vllm/_version.py",
 )
-DP_UTILS = "vllm/v1/worker/gpu/dp_utils.py"
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 def cache_root() -> Path:
-    """``$DPSIM_CACHE``, else ``~/.cache/dpsim``."""
+    """``$DPSIM_CACHE``, else ``~/.cache/dpsim``; a path that is not a directory
+    is refused here, before anything is read from or written into it."""
     configured = os.environ.get("DPSIM_CACHE")
     if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "dpsim"
+        root = Path(configured).expanduser()
+    else:
+        root = Path.home() / ".cache" / "dpsim"
+    if root.exists() and not root.is_dir():
+        raise TargetError(
+            f"{_cache_name(root)} is not a directory; "
+            "point DPSIM_CACHE at a directory dpsim may keep releases in"
+        )
+    return root
+
+
+def _cache_name(root: Path) -> str:
+    """How a message names the cache: by the variable when it came from there."""
+    configured = os.environ.get("DPSIM_CACHE")
+    if configured and Path(configured).expanduser() == root:
+        return f"DPSIM_CACHE={configured}"
+    return f"the dpsim cache {root}"
 
 
 def release_dir(version: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / "releases" / f"vllm-{version}"
 
 
-def cached_releases(root: Path | None = None) -> list[str]:
-    """Versions with a complete cache entry, oldest first."""
+def cache_entries(root: Path | None = None) -> list[str]:
+    """Versions with an entry in the cache, complete or damaged, oldest first."""
     base = (root or cache_root()) / "releases"
     if not base.is_dir():
         return []
     found = [
         entry.name.removeprefix("vllm-")
         for entry in base.iterdir()
-        if entry.name.startswith("vllm-") and (entry / MANIFEST).is_file()
+        if entry.name.startswith("vllm-")
+        and RELEASE_PATTERN.match(entry.name.removeprefix("vllm-"))
     ]
     return sorted(found, key=_version_key)
 
 
-def _version_key(version: str) -> tuple[int | str, ...]:
-    return tuple(int(part) if part.isdigit() else part for part in version.split("."))
+def cached_releases(root: Path | None = None) -> list[str]:
+    """Versions whose entry holds a sound manifest of that version, oldest first.
+
+    The files themselves are checked when the entry is used
+    (:func:`ensure_release`), which names any damage.
+    """
+    root = root or cache_root()
+    complete = []
+    for version in cache_entries(root):
+        try:
+            _manifest(release_dir(version, root), version)
+        except _Damage:
+            continue
+        complete.append(version)
+    return complete
+
+
+def _version_key(version: str) -> tuple[tuple[int, ...], str]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)), version
 
 
 def ensure_release(version: str, root: Path | None = None) -> Path:
-    """The cached package directory (``.../vllm``) of ``version``, fetching it once."""
+    """The cached package directory (``.../vllm``) of ``version``, fetched once
+    and verified against its manifest on every call."""
+    check_release(version)
+    root = root or cache_root()
     entry = release_dir(version, root)
-    if (entry / MANIFEST).is_file():
-        return entry / "vllm"
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(entry.parent / f".vllm-{version}.lock"):
-        if not (entry / MANIFEST).is_file():
-            print(
-                f"dpsim: fetching vllm {version} (a ~300 MB wheel, once; "
-                f"keeping ~1 MB of it in {entry.parent})",
-                file=sys.stderr,
-                flush=True,
-            )
-            _fetch(version, entry)
+    if not os.path.lexists(entry):
+        with _fetch_lock(version, entry):
+            if not os.path.lexists(entry):
+                _fetch(version, entry)
+    _verify_or_refuse(version, entry)
+    return entry / "vllm"
+
+
+def refetch_release(version: str, root: Path | None = None) -> Path:
+    """Fetch ``version`` again, replacing its entry whatever state it is in.
+
+    The old entry is replaced only once the new one is complete, so a refetch
+    that fails (offline) leaves the cache as it was.
+    """
+    check_release(version)
+    entry = release_dir(version, root or cache_root())
+    with _fetch_lock(version, entry):
+        _fetch(version, entry)
+    _verify_or_refuse(version, entry)
     return entry / "vllm"
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "w") as handle:
+def _fetch_lock(version: str, entry: Path) -> Iterator[None]:
+    """Hold the release's fetch lock; an unwritable cache is refused here,
+    before anything is downloaded."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(entry.parent / f".vllm-{version}.lock", "w")  # noqa: SIM115
+    except OSError as error:
+        raise _unwritable(version, entry, error) from error
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -101,26 +173,206 @@ def _locked(lock_path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _unwritable(version: str, entry: Path, error: OSError) -> TargetError:
+    root = entry.parent.parent
+    return TargetError(
+        f"{_cache_name(root)} is not writable ({error.strerror or error}): cannot "
+        f"fetch vllm {version} into it; point DPSIM_CACHE at a writable directory"
+    )
+
+
 def _fetch(version: str, entry: Path) -> None:
     parent = entry.parent
-    with (
-        tempfile.TemporaryDirectory(dir=parent, prefix=".download-") as download,
-        tempfile.TemporaryDirectory(
-            dir=parent, prefix=".extract-", ignore_cleanup_errors=True
-        ) as staging,
-    ):
-        wheel = _download(version, Path(download))
-        files = _extract(wheel, Path(staging))
-        wheel.unlink()
-        if DP_UTILS not in files:
-            raise TargetError(
-                f"vllm {version} has no {DP_UTILS} (the GPU model runner's DP "
-                "sync, vLLM 0.15 and later): dpsim has nothing to test in it"
-            )
-        manifest = {"version": version, "source": "pip download", "files": files}
-        (Path(staging) / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        os.chmod(staging, 0o755)  # shared caches: readable by every user
+    print(
+        f"dpsim: fetching vllm {version} (a ~300 MB wheel, once; "
+        f"keeping ~1 MB of it in {parent})",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        with (
+            tempfile.TemporaryDirectory(dir=parent, prefix=".download-") as download,
+            tempfile.TemporaryDirectory(
+                dir=parent, prefix=".extract-", ignore_cleanup_errors=True
+            ) as staging,
+        ):
+            wheel = _download(version, Path(download))
+            files = _extract(wheel, Path(staging))
+            wheel.unlink()
+            if DP_UTILS not in files:
+                raise TargetError(
+                    f"vllm {version} has no {DP_UTILS} (the GPU model runner's DP "
+                    "sync, vLLM 0.15 and later): dpsim has nothing to test in it"
+                )
+            manifest = {"version": version, "source": "pip download", "files": files}
+            (Path(staging) / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            os.chmod(staging, 0o755)  # shared caches: readable by every user
+            _commit(Path(staging), entry)
+    except OSError as error:
+        raise _unwritable(version, entry, error) from error
+
+
+def _commit(staging: Path, entry: Path) -> None:
+    """Rename a complete entry into place, first moving aside one it replaces."""
+    if not os.path.lexists(entry):
         os.rename(staging, entry)
+        return
+    replaced = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".replaced-"))
+    os.rename(entry, replaced / entry.name)
+    os.rename(staging, entry)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+# -- verification ----------------------------------------------------------------
+
+
+class _Damage(Exception):
+    """What is wrong with a cache entry, in a few words."""
+
+
+def _verify_or_refuse(version: str, entry: Path) -> None:
+    try:
+        _verify(version, entry)
+    except _Damage as damage:
+        raise TargetError(
+            f"the cached vllm {version} is damaged ({damage}) and will not run "
+            f"under that name; repair it with `dpsim targets --refetch {version}` "
+            f"or remove {entry}"
+        ) from None
+
+
+def _verify(version: str, entry: Path) -> None:
+    """Check every file of ``entry`` against its manifest, trusting the stamp
+    for files whose stat has not changed since they last matched."""
+    files, manifest_digest = _manifest(entry, version)
+    stamp_path = entry / STAMP
+    trusted, stamped_at = _read_stamp(stamp_path, manifest_digest)
+    states: dict[str, list[int]] = {}
+    hashed = False
+    for name, digest in files.items():
+        # Plain strings, not Paths: this runs on every load, for ~100 files.
+        path = os.path.join(entry, name)
+        state = _file_state(path, name)
+        racy = max(state[1], state[2]) >= stamped_at
+        if racy or trusted.get(name) != state:
+            if _sha256(path, name) != digest:
+                raise _Damage(
+                    f"{name} differs from the release: not the manifest's SHA-256"
+                )
+            hashed = True
+        states[name] = state
+    unlisted = _unlisted_sources(entry, files)
+    if unlisted:
+        raise _Damage(f"{unlisted} is not part of the release")
+    if hashed:
+        _write_stamp(stamp_path, manifest_digest, states)
+
+
+def _manifest(entry: Path, version: str) -> tuple[dict[str, str], str]:
+    """The entry's file digests and the manifest's own SHA-256; :class:`_Damage`
+    when the manifest cannot vouch for ``version``."""
+    try:
+        data = (entry / MANIFEST).read_bytes()
+    except FileNotFoundError:
+        raise _Damage(f"no {MANIFEST}") from None
+    except OSError as error:
+        raise _Damage(f"{MANIFEST} cannot be read: {error.strerror}") from None
+    if not data.strip():
+        raise _Damage(f"{MANIFEST} is empty")
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        raise _Damage(f"{MANIFEST} is not valid JSON") from None
+    if not isinstance(manifest, dict):
+        raise _Damage(f"{MANIFEST} is not a manifest")
+    recorded = manifest.get("version")
+    if recorded != version:
+        raise _Damage(f"{MANIFEST} records vllm {recorded}")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or DP_UTILS not in files:
+        raise _Damage(f"{MANIFEST} does not list {DP_UTILS}")
+    for name, digest in files.items():
+        if (
+            not _sound_name(name)
+            or not isinstance(digest, str)
+            or not _DIGEST.match(digest)
+        ):
+            raise _Damage(f"{MANIFEST} has a malformed entry {name!r}")
+    return files, hashlib.sha256(data).hexdigest()
+
+
+def _sound_name(name: str) -> bool:
+    """A manifest path the entry can hold: a source file under ``vllm/``."""
+    parts = name.split("/")
+    return (
+        parts[0] == "vllm"
+        and name.endswith(".py")
+        and all(part not in ("", ".", "..") for part in parts)
+    )
+
+
+def _file_state(path: str, name: str) -> list[int]:
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise _Damage(f"{name} is missing") from None
+    except OSError as error:
+        raise _Damage(f"{name} cannot be read: {error.strerror}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise _Damage(f"{name} is not a file")
+    return [found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+
+def _sha256(path: str, name: str) -> str:
+    try:
+        with open(path, "rb") as source:
+            return hashlib.sha256(source.read()).hexdigest()
+    except OSError as error:
+        raise _Damage(f"{name} cannot be read: {error.strerror}") from None
+
+
+def _unlisted_sources(entry: Path, files: dict[str, str]) -> str | None:
+    """The first ``.py`` file under the entry's ``vllm/`` its manifest lacks."""
+    skip = len(str(entry)) + 1
+    for folder, _, names in sorted(os.walk(entry / "vllm")):
+        for filename in sorted(names):
+            name = f"{folder[skip:]}/{filename}"
+            if filename.endswith(".py") and name not in files:
+                return name
+    return None
+
+
+def _read_stamp(path: Path, manifest_digest: str) -> tuple[dict[str, list[int]], int]:
+    """The stamp's file states and when it was written; nothing when it is
+    absent, unreadable or made for another manifest."""
+    try:
+        written = path.stat().st_mtime_ns
+        stamp = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}, 0
+    if not isinstance(stamp, dict) or stamp.get("manifest") != manifest_digest:
+        return {}, 0
+    files = stamp.get("files")
+    return (files, written) if isinstance(files, dict) else ({}, 0)
+
+
+def _write_stamp(
+    path: Path, manifest_digest: str, states: dict[str, list[int]]
+) -> None:
+    """Best effort: a cache this user cannot write (a shared, read-only one)
+    is simply re-hashed in full on each use."""
+    stamp = json.dumps({"manifest": manifest_digest, "files": states})
+    temporary: str | None = None
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".dpsim-verified-")
+        with os.fdopen(handle, "w") as out:
+            out.write(stamp)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except OSError:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def _download(version: str, into: Path) -> Path:

@@ -27,7 +27,7 @@ from dpsim.targets.manager import (
     build_manager,
 )
 from dpsim.targets.shim import LoadedFile, ModuleLoader
-from dpsim.targets.spec import ReleaseSpec, TargetSpec, parse_target
+from dpsim.targets.spec import OLDEST_RELEASE, ReleaseSpec, TargetSpec, parse_target
 from dpsim.targets.standins import STAND_INS
 
 DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
@@ -165,7 +165,7 @@ def _load(spec: TargetSpec) -> Target:
         if loader.source_path(required) is None:
             raise TargetError(
                 f"{spec.base}: no {required.replace('.', '/')}.py there "
-                "(dpsim needs vLLM 0.18 or later)"
+                f"(dpsim needs vLLM {OLDEST_RELEASE} or later)"
             )
     dp_utils = loader.module(DP_UTILS_MODULE)
     cudagraph_utils = loader.module(CUDAGRAPH_MODULE)

@@ -15,6 +15,16 @@ from dpsim.errors import TargetError
 
 RELEASE_PATTERN = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d*)?$")
 DEFAULT_RELEASE = "0.33.0"
+#: The oldest (major, minor) whose DP-sync API dpsim adapts. vLLM 0.15-0.17
+#: expose only ``get_cudagraph_and_dp_padding`` (no capture manager) and older
+#: releases have no ``gpu/dp_utils.py`` at all; this one boundary decides both
+#: the refusal before a fetch and the releases the cross-version report runs.
+OLDEST_SUPPORTED = (0, 18)
+OLDEST_RELEASE = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}.0"
+
+#: Where the sync file lives in a vLLM checkout, and in the ``vllm`` package.
+DP_UTILS_IN_PACKAGE = "v1/worker/gpu/dp_utils.py"
+DP_UTILS_IN_CHECKOUT = f"vllm/{DP_UTILS_IN_PACKAGE}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,25 @@ class TargetSpec:
         }
 
 
+def check_release(version: str) -> str:
+    """``version`` itself when dpsim can run that release; otherwise a one-line
+    :class:`TargetError`, so a release that would be refused anyway is refused
+    before its ~300 MB wheel is downloaded (or its cache entry is read)."""
+    if not RELEASE_PATTERN.match(version):
+        raise TargetError(
+            f"{version!r} is not a vLLM release version (e.g. {DEFAULT_RELEASE})"
+        )
+    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
+    if (major, minor) < OLDEST_SUPPORTED:
+        raise TargetError(
+            f"vllm {version} is older than dpsim supports ({OLDEST_RELEASE} and "
+            "later): the vLLM 0.15-0.17 API (get_cudagraph_and_dp_padding, no "
+            "capture manager) and anything before it are not adapted; "
+            "refused without fetching it"
+        )
+    return version
+
+
 def parse_base(text: str) -> BaseSpec:
     """A release version or a directory; anything else is a clear error."""
     text = text.strip()
@@ -99,8 +128,25 @@ def parse_target(vllm: str | None, target_file: str | Path | None = None) -> Tar
     if target_file is None:
         return TargetSpec(base)
     path = Path(target_file).expanduser()
+    if path.is_dir():
+        raise TargetError(
+            f"--target {target_file} is a directory; expected a dp_utils.py file "
+            f"(did you mean --vllm {target_file}, or --target "
+            f"{_dp_utils_inside(path, str(target_file))}?)"
+        )
     if not path.is_file():
         raise TargetError(f"--target {target_file}: no such file")
     if path.suffix != ".py":
         raise TargetError(f"--target {target_file}: expected a Python file (.py)")
     return TargetSpec(base, path.resolve())
+
+
+def _dp_utils_inside(directory: Path, shown: str) -> str:
+    """The ``dp_utils.py`` a user probably meant inside ``directory``: the one
+    that exists there, else where a vLLM checkout keeps it."""
+    layouts = (DP_UTILS_IN_CHECKOUT, DP_UTILS_IN_PACKAGE, "dp_utils.py")
+    found = next(
+        (layout for layout in layouts if (directory / layout).is_file()),
+        DP_UTILS_IN_CHECKOUT,
+    )
+    return f"{shown.rstrip('/')}/{found}"
