@@ -13,9 +13,12 @@ from dpsim.capture.policy import CapturePolicy
 from dpsim.properties.base import Evidence, Phase
 from dpsim.scenarios.case import Case
 from dpsim.sim import render_table
+from dpsim.terminal import printable
 
 
 def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    """Aligned columns; cells are escaped (they may hold a target's text)."""
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
     widths = [
         max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)
     ]
@@ -117,7 +120,7 @@ def phase_table(phase: Phase) -> str:
 
 def render_case_run(title: str, case: Case, evidence: Evidence) -> str:
     lines = [
-        title,
+        printable(title),
         f"  scenario {case.scenario}, profile {case.profile}, {case.dp_size} ranks, "
         f"{len(case.steps)} step(s)"
         + (
@@ -129,7 +132,7 @@ def render_case_run(title: str, case: Case, evidence: Evidence) -> str:
         "",
     ]
     for phase in evidence.phases:
-        lines.append(f"{phase.name}:")
+        lines.append(f"{printable(phase.name)}:")
         lines.append(_indent(phase_table(phase)))
         lines.append("")
     lines.append("where each rank stands:")

@@ -25,6 +25,7 @@ from dpsim.properties.base import Verdict
 from dpsim.scenarios.case import Case
 from dpsim.sim import SimResult
 from dpsim.targets.load import Target
+from dpsim.terminal import printable
 
 SCHEMA_VERSION = 1
 KIND = "dpsim-counterexample"
@@ -138,7 +139,18 @@ def read(path: Path) -> Counterexample:
     Nothing in the file is executed or imported: JSON only, every field
     checked (see :mod:`dpsim.cex.validate`) before a case is built from it.
     """
-    path = Path(path)
+    try:
+        return _read(Path(path))
+    except UsageError as error:
+        # The file's name and the keys and values it holds are not dpsim's
+        # text: escaped, they can neither drive a terminal nor break the line.
+        shown = printable(error)
+        if shown == str(error):
+            raise
+        raise UsageError(shown) from error
+
+
+def _read(path: Path) -> Counterexample:
     try:
         with path.open("rb") as stream:
             raw = stream.read(MAX_FILE_BYTES + 1)

@@ -7,6 +7,7 @@ counterexample files; words and alignment are made here, on demand.
 from __future__ import annotations
 
 from dpsim.sim.trace import RankState, RankTrace, Signature, SimResult
+from dpsim.terminal import printable
 
 _HEADER = ("rank", "state", "group#seq", "op", "shape", "detail")
 
@@ -65,7 +66,11 @@ def _row(trace: RankTrace) -> tuple[str, ...]:
 
 def render_table(result: SimResult) -> str:
     """Outcome line, then rank | state | group#seq | op | shape | detail."""
-    rows = [_HEADER, *(_row(trace) for trace in result.ranks)]
+    # Cells may hold a target's own text (an exception message): escaped.
+    rows = [
+        _HEADER,
+        *(tuple(printable(cell) for cell in _row(trace)) for trace in result.ranks),
+    ]
     widths = [
         max(len(row[column]) for row in rows) for column in range(len(_HEADER) - 1)
     ]
