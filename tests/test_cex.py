@@ -7,8 +7,10 @@ one line with exit status 2, whatever is wrong with it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import runpy
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -148,17 +150,29 @@ def test_a_case_another_version_cannot_take_is_refused_in_one_line(
     ]
 
 
-def test_changed_sources_are_warned_about(
-    idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
+def test_a_changed_recorded_source_is_refused_before_it_runs(
+    idle_hang_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    data = json.loads(idle_hang_file.read_text())
-    module = "vllm.v1.worker.gpu.dp_utils"
-    data["target"]["files"][module] = "0" * 64
-    idle_hang_file.write_text(json.dumps(data))
-    assert main(["replay", str(idle_hang_file)]) == 1
-    captured = capsys.readouterr()
-    assert "warning" in captured.err and module in captured.err
-    assert "byte for byte" in captured.out
+    source = tmp_path / "dp_utils_idle.py"
+    recorded = cex.read(idle_hang_file).target["files"]["vllm.v1.worker.gpu.dp_utils"]
+    marker = tmp_path / "executed"
+    # Executing the edited file at all leaves the marker behind.
+    source.write_text(
+        f"open({str(marker)!r}, 'w').close()\n" + faulty.IDLE_RETURNS_EARLY
+    )
+    now = hashlib.sha256(source.read_bytes()).hexdigest()
+    assert main(["replay", str(idle_hang_file)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"dpsim: error: the counterexample's target changed: {source}: sha256 "
+        f"{now[:12]} now, {recorded[:12]} recorded; pass --vllm/--target explicitly "
+        "to run it anyway: that is how a fix is verified"
+    )
+    assert not marker.exists()
+    # Named on the command line, the same file runs: how a fix is verified.
+    assert main(["replay", str(idle_hang_file), "--target", str(source)]) == 1
+    assert marker.exists()
+    assert "replay will execute" not in capsys.readouterr().err
 
 
 def test_a_regression_test_passes_once_the_bug_is_fixed(
@@ -310,3 +324,93 @@ def test_reading_a_valid_file_builds_the_same_case(
     read = cex.read(path)
     assert read.case == faulty.step_case(1, 0)
     assert read.to_dict() == valid
+
+
+# -- replay checks the recorded target before any of it runs ------------------------
+
+
+def test_a_verdict_naming_a_rank_twice_is_refused(
+    valid: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(json.dumps(valid))
+    data["verdicts"][0]["ranks"] = [1, 1]
+    path = tmp_path / "twice.json"
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path)]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("malformed counterexample: verdicts[0].ranks lists rank 1 twice")
+    )
+
+
+def test_a_path_the_file_names_is_said_before_it_runs(
+    idle_hang_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", str(idle_hang_file)]) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first == (
+        f"dpsim: replay will execute {tmp_path / 'dp_utils_idle.py'}, named by the "
+        "counterexample, not on this command line"
+    )
+
+
+def test_a_recorded_tree_is_hashed_and_said_before_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpsim.properties import judge
+    from dpsim.scenarios import run_case
+    from dpsim.targets.cache import ensure_release
+
+    tree = tmp_path / "tree"
+    shutil.copytree(ensure_release(faulty.BASE), tree / "vllm")
+    source = faulty.write(tmp_path, "idle.py", faulty.IDLE_RETURNS_EARLY)
+    target = load_target(str(tree), source)
+    case = faulty.step_case(1, 0)
+    result = run_case(target, case)
+    verdicts = tuple(judge(case, result))
+    built = files.build(target, case, result, verdicts, ("no-hang",))
+    path = cex.write(built, tmp_path / "out")
+    assert main(["replay", str(path)]) == 1
+    notice = capsys.readouterr().err.splitlines()[0]
+    assert notice == (
+        f"dpsim: replay will execute {tree / 'vllm'} and {source}, named by the "
+        "counterexample, not on this command line"
+    )
+    # --target alone keeps the recorded tree under it: the tree is still said.
+    assert main(["replay", str(path), "--target", str(source)]) == 1
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[0]
+        .startswith(f"dpsim: replay will execute {tree / 'vllm'}, named by")
+    )
+    edited = tree / "vllm" / "v1" / "worker" / "gpu" / "cudagraph_utils.py"
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    assert main(["replay", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"target changed: {edited}: sha256 " in line and "--vllm/--target" in line
+
+
+def test_a_module_loaded_now_but_not_recorded_is_refused(
+    idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(idle_hang_file.read_text())
+    del data["target"]["files"]["vllm.config.compilation"]
+    idle_hang_file.write_text(json.dumps(data))
+    assert main(["replay", str(idle_hang_file)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "dpsim: error: the counterexample's target changed: vllm.config.compilation: "
+        "loaded now, not recorded; pass --vllm/--target explicitly to run it "
+        "anyway: that is how a fix is verified"
+    )
+
+
+def test_a_regression_test_refuses_a_changed_recorded_target(
+    idle_hang_file: Path, tmp_path: Path
+) -> None:
+    from dpsim.replay import SourcesChanged, assert_holds
+
+    source = tmp_path / "dp_utils_idle.py"
+    source.write_text(source.read_text() + "\n# edited\n")
+    with pytest.raises(SourcesChanged, match=r"target changed: .*dp_utils_idle\.py"):
+        assert_holds(idle_hang_file)

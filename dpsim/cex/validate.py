@@ -209,10 +209,14 @@ def verdicts(value: Any, known: Any, ranks: int) -> tuple[dict[str, Any], ...]:
         one_of(required(verdict, "property", where), known, f"{where}.property")
         optional_text(verdict.get("phase"), f"{where}.phase")
         text(required(verdict, "message", where), f"{where}.message")
+        seen: set[int] = set()
         for position, rank in enumerate(
             sequence(required(verdict, "ranks", where), f"{where}.ranks", ranks)
         ):
-            integer(rank, f"{where}.ranks[{position}]", 0, ranks - 1)
+            # A verdict names the set of ranks involved (see Verdict).
+            if integer(rank, f"{where}.ranks[{position}]", 0, ranks - 1) in seen:
+                raise Malformed(f"{where}.ranks lists rank {rank} twice")
+            seen.add(rank)
         checked.append(verdict)
     return tuple(checked)
 

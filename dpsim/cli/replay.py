@@ -26,21 +26,27 @@ from dpsim.replay import (
     SAME_VERDICTS,
     LaneRun,
     Rerun,
+    check_recorded_sources,
+    choose,
     compare,
     disagreements,
-    recorded_spec,
+    load_chosen,
     replay_in_sim,
-    resolve_target,
     run_lane,
 )
 from dpsim.replay.lane import DEFAULT_TIMEOUT_S
 from dpsim.report import render_case_run, table
+from dpsim.terminal import printable
 
 HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
 EPILOG = """\
 The target is the one the file records, unless --vllm / --target name another
-(--target alone keeps the recorded vLLM under it). A recorded source file whose
-hash differs now is reported as a warning.
+(--target alone keeps the recorded vLLM under it). Before anything runs, the
+recorded target's source files are hashed (read, not executed): if one differs
+from the file's record, replay refuses (exit 2) unless --vllm / --target name
+the target explicitly, which is how a fix is verified. A path the file names
+that is not on the command line (a --target file, a source tree) is said on
+stderr before it runs.
 
 backends:
   sim    the simulator, with the recorded scheduling choices: on the recorded
@@ -77,28 +83,25 @@ def register(commands: Any) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     counterexample = cex.read(Path(arguments.file))
-    resolved = resolve_target(counterexample, arguments.vllm, arguments.target)
-    target = resolved.target
-    if resolved.drift and not resolved.overridden:
+    chosen = choose(counterexample, arguments.vllm, arguments.target)
+    check_recorded_sources(counterexample, chosen)
+    if chosen.unasked:
         print(
-            f"dpsim: warning: {target.label}'s sources differ from the recorded ones:",
+            "dpsim: replay will execute "
+            + " and ".join(printable(path) for path in chosen.unasked)
+            + ", named by the counterexample, not on this command line",
             file=sys.stderr,
         )
-        for line in resolved.drift:
-            print(f"  {line}", file=sys.stderr)
+    target = load_chosen(counterexample, chosen).target
     rerun = replay_in_sim(counterexample, target)
     status = compare(counterexample, rerun)
     lane: LaneRun | None = None
     differences: tuple[str, ...] = ()
     if arguments.backend != "sim":
-        if arguments.vllm is None and arguments.target is None:
-            vllm, target_file = recorded_spec(counterexample)
-        else:
-            vllm, target_file = _spec_of(target)
         lane = run_lane(
             counterexample.case,
-            vllm=vllm,
-            target_file=target_file,
+            vllm=chosen.vllm,
+            target_file=chosen.target_file,
             properties=counterexample.properties,
             backend=arguments.backend,
             timeout_s=arguments.timeout,
@@ -139,11 +142,6 @@ class Replayed:
     differences: tuple[str, ...]
 
 
-def _spec_of(target: Any) -> tuple[str, str | None]:
-    spec = target.spec.to_dict()
-    return str(spec["base"]), spec["dp_utils_file"]
-
-
 _STATUS_LINES = {
     REPRODUCED: "the failure reproduces: same verdicts and per-rank diagnosis, byte for byte",
     SAME_VERDICTS: "the bug is still there: the same verdicts (the trace differs, as "
@@ -155,15 +153,16 @@ _STATUS_LINES = {
 def _render(replayed: Replayed) -> str:
     counterexample, rerun, lane = replayed.counterexample, replayed.rerun, replayed.lane
     recorded = counterexample.verdicts[0] if counterexample.verdicts else None
+    # The file's label and messages, and a target's, are shown escaped.
     lines = [
-        f"dpsim replay: {replayed.file}",
-        f"  recorded on {counterexample.target.get('label')}: "
-        + (
+        f"dpsim replay: {printable(replayed.file)}",
+        f"  recorded on {printable(counterexample.target.get('label'))}: "
+        + printable(
             f"{recorded['property']}: {recorded['message']}"
             if recorded
             else counterexample.outcome
         ),
-        f"  rerun on    {rerun.target.label} (simulator)"
+        f"  rerun on    {printable(rerun.target.label)} (simulator)"
         + (", recorded choices did not fit: default order" if rerun.diverged else ""),
         "",
         render_case_run(
@@ -173,7 +172,7 @@ def _render(replayed: Replayed) -> str:
         _STATUS_LINES.get(
             replayed.status,
             "a property still fails, but not as recorded: "
-            + "; ".join(str(verdict) for verdict in rerun.verdicts),
+            + printable("; ".join(str(verdict) for verdict in rerun.verdicts)),
         ),
     ]
     if lane is not None:
@@ -225,7 +224,7 @@ def _render_lane(lane: LaneRun, differences: tuple[str, ...]) -> list[str]:
     lines.append("")
     if differences:
         lines.append("DPSIM BUG: the real lane disagrees with the simulator:")
-        lines.extend(f"  {line}" for line in differences)
+        lines.extend(f"  {printable(line)}" for line in differences)
     else:
         lines.append("the real lane agrees with the simulator")
     return lines

@@ -18,9 +18,16 @@ from dpsim.replay.simulated import (
     ResolvedTarget,
     assert_holds,
     compare,
-    recorded_spec,
+    load_chosen,
     replay_in_sim,
     resolve_target,
+)
+from dpsim.replay.sources import (
+    Chosen,
+    SourcesChanged,
+    check_recorded_sources,
+    choose,
+    recorded_spec,
 )
 
 __all__ = [
@@ -29,13 +36,18 @@ __all__ = [
     "HOLDS",
     "REPRODUCED",
     "SAME_VERDICTS",
+    "Chosen",
     "LaneError",
     "LaneRun",
     "Rerun",
     "ResolvedTarget",
+    "SourcesChanged",
     "assert_holds",
+    "check_recorded_sources",
+    "choose",
     "compare",
     "disagreements",
+    "load_chosen",
     "recorded_spec",
     "replay_in_sim",
     "resolve_target",

@@ -19,11 +19,19 @@ from dpsim.cex import files
 from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
 from dpsim.properties import Verdict, judge, select
+from dpsim.replay.sources import (
+    PROCEED,
+    Chosen,
+    SourcesChanged,
+    check_recorded_sources,
+    choose,
+)
 from dpsim.scenarios import Case, PolicyRefused, run_case
 from dpsim.scenarios.run import why_not_runnable
 from dpsim.sim import ReplayChooser, ReplayDivergedError, SimResult
 from dpsim.targets import load_target
 from dpsim.targets.load import Target
+from dpsim.terminal import printable
 
 #: How a rerun compares with the recorded run.
 REPRODUCED = "reproduced"  # same outcome, verdicts and trace, byte for byte
@@ -58,7 +66,8 @@ class Rerun:
 @dataclass(frozen=True)
 class ResolvedTarget:
     target: Target
-    #: One line per recorded source file whose hash differs, or that is gone.
+    #: One line per recorded source file whose hash differs, or that is gone
+    #: (only ever non-empty on a target the user named).
     drift: tuple[str, ...]
     #: The recorded target was replaced by ``--vllm`` / ``--target``.
     overridden: bool
@@ -69,23 +78,28 @@ def resolve_target(
     vllm: str | None = None,
     target_file: str | Path | None = None,
 ) -> ResolvedTarget:
-    """The target to rerun on: the recorded one unless ``vllm``/``target_file`` say.
+    """Load the target to rerun on: the recorded one unless ``vllm``/``target_file`` say.
 
-    ``target_file`` alone keeps the recorded vLLM underneath it.
+    ``target_file`` alone keeps the recorded vLLM under it. The recorded
+    target is held to its record: its sources are hashed before it loads, and
+    any difference is a :class:`~dpsim.replay.sources.SourcesChanged`.
     """
-    vllm_spec, file_spec = recorded_spec(counterexample)
-    overridden = vllm is not None or target_file is not None
-    if overridden:
-        file_spec = str(target_file) if target_file is not None else None
-        vllm_spec = vllm if vllm is not None else vllm_spec
-    target = load_target(vllm_spec, file_spec)
-    return ResolvedTarget(target, source_drift(counterexample, target), overridden)
+    chosen = choose(counterexample, vllm, target_file)
+    check_recorded_sources(counterexample, chosen)
+    return load_chosen(counterexample, chosen)
 
 
-def recorded_spec(counterexample: Counterexample) -> tuple[str, str | None]:
-    """``(--vllm, --target)`` as the file records them."""
-    spec = counterexample.target["spec"]
-    return str(spec["base"]), spec.get("dp_utils_file")
+def load_chosen(counterexample: Counterexample, chosen: Chosen) -> ResolvedTarget:
+    """Load a target whose recorded sources ``check_recorded_sources`` passed."""
+    target = load_target(chosen.vllm, chosen.target_file)
+    drift = source_drift(counterexample, target)
+    if drift and not chosen.overridden:
+        # The hashes matched, yet loading ran a module the file does not
+        # record: refuse before any case runs on it.
+        raise SourcesChanged(
+            f"the counterexample's target changed: {printable(drift[0])}; {PROCEED}"
+        )
+    return ResolvedTarget(target, drift, chosen.overridden)
 
 
 def source_drift(counterexample: Counterexample, target: Target) -> tuple[str, ...]:
@@ -109,7 +123,9 @@ def replay_in_sim(counterexample: Counterexample, target: Target) -> Rerun:
     case = counterexample.case
     reason = why_not_runnable(target, case)
     if reason is not None:
-        raise UsageError(f"cannot replay this case on {target.label}: {reason}")
+        raise UsageError(
+            f"cannot replay this case on {printable(target.label)}: {reason}"
+        )
     properties = select(counterexample.properties)
     diverged = False
     try:
@@ -122,7 +138,7 @@ def replay_in_sim(counterexample: Counterexample, target: Target) -> Rerun:
             result = run_case(target, case)
     except PolicyRefused as error:
         raise UsageError(
-            f"{target.label} refuses the case's capture policy ({error})"
+            printable(f"{target.label} refuses the case's capture policy ({error})")
         ) from error
     verdicts = _in_recorded_order(
         judge(case, result, properties), counterexample.verdicts
@@ -157,7 +173,8 @@ def assert_holds(path: str | Path) -> None:
     """Replay ``path`` in the simulator; fail (AssertionError) while a property fails.
 
     What regression tests written by ``dpsim check --out`` call. The target is
-    the recorded one, or ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``) when set.
+    the recorded one, or ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``) when set; a
+    recorded target whose sources changed is refused (``SourcesChanged``).
     """
     from dpsim.properties import Evidence
     from dpsim.report import render_case_run
@@ -173,7 +190,8 @@ def assert_holds(path: str | Path) -> None:
         return
     headline = "; ".join(str(verdict) for verdict in rerun.verdicts)
     raise AssertionError(
-        f"{resolved.target.label}: {headline}\n\n"
+        printable(f"{resolved.target.label}: {headline}")
+        + "\n\n"
         + render_case_run(
             f"{Path(path).name} on {resolved.target.label}",
             rerun.case,
