@@ -16,6 +16,7 @@ from dpsim.cli import main
 from dpsim.errors import TargetError
 from dpsim.targets import ManagerConfig, SyncInputs, load_target, runtime
 from dpsim.targets import cache as cache_module
+from dpsim.targets import load as load_module
 from dpsim.targets.adapters import DISPATCH_AND_SYNC, SYNC_ONLY, describe, dispatch
 
 pytestmark = pytest.mark.release
@@ -323,3 +324,36 @@ def _entries(cache: Path) -> list[str]:
     if not releases.exists():
         return []
     return sorted(p.name for p in releases.iterdir() if not p.name.endswith(".lock"))
+
+
+def test_an_edited_release_in_the_cache_never_runs_under_its_name(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    release_file: Callable[[str, str], Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    real_entry = release_file("0.29.0", "").parent
+    copy = tmp_path / "cache" / "releases" / real_entry.name
+    shutil.copytree(real_entry, copy)
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache_module, "_download", _no_download)
+    assert load_target("0.29.0").package_dir == copy / "vllm"
+    # One real line changed: a bug planted in the release's own file.
+    dp_utils = copy / "vllm" / "v1" / "worker" / "gpu" / "dp_utils.py"
+    dp_utils.write_text(
+        dp_utils.read_text().replace("torch.zeros(4,", "torch.zeros(5,")
+    )
+    # A fresh process: what this one loaded before is memoised.
+    monkeypatch.setattr(load_module, "_loaded", {})
+    assert main(["targets", "0.29.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "dpsim: error: the cached vllm 0.29.0 is damaged "
+        "(vllm/v1/worker/gpu/dp_utils.py differs from the release: not the "
+        "manifest's SHA-256) and will not run under that name; repair it with "
+        f"`dpsim targets --refetch 0.29.0` or remove {copy}"
+    )
+
+
+def _no_download(version: str, into: Path) -> Path:
+    raise AssertionError(f"vllm {version} must not be downloaded here")
