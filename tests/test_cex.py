@@ -414,3 +414,45 @@ def test_a_regression_test_refuses_a_changed_recorded_target(
     source.write_text(source.read_text() + "\n# edited\n")
     with pytest.raises(SourcesChanged, match=r"target changed: .*dp_utils_idle\.py"):
         assert_holds(idle_hang_file)
+
+
+# -- text from outside dpsim is shown escaped ----------------------------------------
+
+#: A target whose exception message tries to clear the screen and forge a line.
+_RAISES_CONTROLS = faulty.PADS_LOCALLY.replace(
+    "    counts = _counts(",
+    '    raise RuntimeError("\\x1b[2J\\rcleared\\nforged: every property holds")\n'
+    "    counts = _counts(",
+)
+
+
+def _controls(text: str) -> set[str]:
+    return {char for char in text if not char.isprintable() and char != "\n"}
+
+
+def test_control_characters_in_a_counterexample_are_shown_escaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpsim.properties import judge
+    from dpsim.scenarios import run_case
+
+    source = faulty.write(tmp_path, "raises\x1b[31m.py", _RAISES_CONTROLS)
+    target = load_target(faulty.BASE, source)
+    case = faulty.step_case(1, 1)
+    result = run_case(target, case)
+    verdicts = tuple(judge(case, result))
+    assert "\x1b[2J" in verdicts[0].message
+    written = cex.write(
+        files.build(target, case, result, verdicts, ("no-error",)), tmp_path
+    )
+    path = written.rename(tmp_path / "evil\x1b]0;title\x07\r.json")
+    assert main(["replay", str(path)]) == 1
+    shown = capsys.readouterr()
+    assert _controls(shown.out + shown.err) == set()
+    assert "\\x1b[2J\\rcleared\\nforged" in shown.out
+    assert "evil\\x1b]0;title\\x07\\r.json" in shown.out
+    assert "raises\\x1b[31m.py" in shown.err  # the notice names the target file
+
+    assert main(["replay", str(tmp_path / "gone\x1b[2J\r.json")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert _controls(line) == set() and "gone\\x1b[2J\\r.json" in line
