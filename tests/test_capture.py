@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from dpsim.capture import (
     ALL_CAPABILITIES,
@@ -944,3 +945,65 @@ def test_contract_and_view_know_every_descriptor_field(version: str) -> None:
     names = {f.name for f in fields(_target(version).BatchExecutionDescriptor)}
     assert names <= {f.name for f in fields(Desc)}
     assert {"cg_mode", "num_tokens", "num_reqs", "uniform_token_count"} <= names
+
+
+# ------------------------------------------------------ caller policy space
+# The caller profile draws policies through a release's BuildRules (what its
+# own config code builds); the contract profile draws every valid table.
+
+
+def _unbuildable(policy: CapturePolicy) -> bool:
+    """LoRA cases without 0, or thresholds below the microbatch count."""
+    for table in (policy, policy.drafter):
+        if table is None:
+            continue
+        cases, mb = table.lora_capture_cases, table.microbatching
+        if cases is not None and 0 not in cases:
+            return True
+        if (
+            mb is not None
+            and min(mb.decode_token_threshold, mb.prefill_token_threshold)
+            < mb.num_ubatches
+        ):
+            return True
+    return False
+
+
+@pytest.mark.release
+def test_caller_space_never_draws_what_vllm_cannot_build() -> None:
+    from dpsim.targets.buildable import rules_of
+
+    rules = rules_of(_target("0.33.0"))
+    for with_drafter in (False, True):
+        space = policies(with_drafter=with_drafter, rules=rules)
+        assert find(space, lambda p: p.lora_capture_cases is not None)
+        assert find(space, lambda p: p.microbatching is not None)
+        with pytest.raises(NoSuchExample):
+            find(
+                space,
+                lambda p: (
+                    _unbuildable(p)
+                    or (
+                        p.max_capture_size is not None
+                        and p.max_capture_size != max(p.capture_sizes)
+                    )
+                ),
+                settings=settings(max_examples=400, database=None, deadline=None),
+            )
+
+
+def test_contract_space_still_draws_unbuildable_tables() -> None:
+    lora = find(
+        policies(),
+        lambda p: p.lora_capture_cases is not None and 0 not in p.lora_capture_cases,
+    )
+    assert lora.lora_capture_cases == (1,)
+    low = find(
+        policies(),
+        lambda p: (
+            p.microbatching is not None
+            and p.microbatching.decode_token_threshold < p.microbatching.num_ubatches
+        ),
+    )
+    assert low.microbatching is not None
+    assert low.microbatching.decode_token_threshold == 0

@@ -18,6 +18,7 @@ from dpsim.scenarios.ranks import sync_records
 from dpsim.scenarios.run import setting_for
 from dpsim.sim import Outcome
 from dpsim.targets import Microbatching, load_target
+from dpsim.targets.buildable import rules_of
 
 pytestmark = pytest.mark.release
 
@@ -59,10 +60,28 @@ def test_caller_batches_are_what_a_model_runner_builds(
                 assert not batch.uniform_decode
             if scenario == "profile":
                 assert batch.need_eager and batch == step[0]
-            if case.policy.lora_capture_cases:
-                assert batch.num_active_loras <= max(case.policy.lora_capture_cases)
+            cases_ = case.policy.lora_capture_cases
+            if batch.kind in ("dummy", "profile") and target.api.has(
+                "num_active_loras"
+            ):
+                # vLLM's dummy and profile runs pass max_loras + 1.
+                assert batch.num_active_loras == (max(cases_) if cases_ else 0)
+            elif cases_:
+                # No batch has more adapters active than max_loras, or than
+                # it has requests.
+                assert batch.num_active_loras < max(cases_)
+                assert batch.num_active_loras <= batch.num_reqs
             else:
                 assert batch.num_active_loras == 0
+    # Only tables the release's own config code builds.
+    rules = rules_of(target)
+    for table in (case.policy, case.policy.drafter):
+        if table is None:
+            continue
+        assert table.lora_capture_cases is None or 0 in table.lora_capture_cases
+        assert table.max_capture_size in (None, max(table.capture_sizes, default=0))
+        if table.microbatching is not None:
+            assert rules.accepts_thresholds(table.microbatching)
 
 
 @settings(max_examples=60, deadline=None)

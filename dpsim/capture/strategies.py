@@ -9,6 +9,13 @@ max_capture_size below the largest size, LoRA cases without 0, a drafter table
 unlike the target's, microbatching thresholds near zero), so a failure there
 is a contract bug that real configurations merely have not hit yet.
 
+Given a release's :class:`~dpsim.targets.buildable.BuildRules` (the caller
+profile), both families stay inside what that release's own config code
+builds: LoRA cases come from its ``get_lora_capture_cases``, microbatching
+thresholds are lifted to what its ``ParallelConfig`` accepts, and a capture
+ceiling its ``CompilationConfig`` would refuse is left to default. Without
+rules (the contract profile) every valid table may be drawn.
+
 Every strategy takes :class:`~dpsim.capture.policy.Capabilities` so a version
 is only given features it has. Shrinking is designed in: every choice lists
 its simplest option first (``sampled_from`` and ``one_of`` shrink towards
@@ -30,6 +37,7 @@ from dpsim.capture.policy import (
     vllm_default_max_capture_size,
     vllm_default_sizes,
 )
+from dpsim.targets.buildable import BuildRules
 
 __all__ = [
     "MODES_SIMPLEST_FIRST",
@@ -73,9 +81,25 @@ def realistic_sizes(draw: st.DrawFn) -> tuple[int, ...]:
     return _stepped(8 if shape == "step8" else 16, max(ceiling, 8))
 
 
-def _lora_cases(capabilities: Capabilities, adversarial: bool) -> st.SearchStrategy:
+#: max_loras values of realistic deployments, simplest first.
+_TYPICAL_MAX_LORAS = (4, 8, 1, 2, 16)
+
+
+def _lora_cases(
+    capabilities: Capabilities, adversarial: bool, rules: BuildRules | None
+) -> st.SearchStrategy:
     if not capabilities.has_lora:
         return st.none()
+    if rules is not None:
+        # What the release's own get_lora_capture_cases gives for a LoRA
+        # configuration: 0 always among them.
+        max_loras = (
+            st.integers(1, 16) if adversarial else st.sampled_from(_TYPICAL_MAX_LORAS)
+        )
+        return st.one_of(
+            st.none(),
+            st.builds(rules.lora_cases, max_loras, st.booleans(), st.booleans()),
+        )
     if adversarial:
         # Cases without 0, gaps, a single large case: all valid input to the
         # manager, none what vLLM's own get_lora_capture_cases produces.
@@ -92,7 +116,9 @@ def _lora_cases(capabilities: Capabilities, adversarial: bool) -> st.SearchStrat
     )
 
 
-def _microbatching(capabilities: Capabilities, adversarial: bool) -> st.SearchStrategy:
+def _microbatching(
+    capabilities: Capabilities, adversarial: bool, rules: BuildRules | None
+) -> st.SearchStrategy:
     if not capabilities.has_microbatching:
         return st.none()
     if adversarial:
@@ -109,12 +135,17 @@ def _microbatching(capabilities: Capabilities, adversarial: bool) -> st.SearchSt
             decode_token_threshold=st.sampled_from((32, 16, 64, 128)),
             prefill_token_threshold=st.sampled_from((512, 256, 1024, 2048)),
         )
+    if rules is not None:
+        settings = settings.map(rules.fit_thresholds)
     return st.one_of(st.none(), settings)
 
 
 @st.composite
 def _realistic(
-    draw: st.DrawFn, capabilities: Capabilities, with_drafter: bool
+    draw: st.DrawFn,
+    capabilities: Capabilities,
+    with_drafter: bool,
+    rules: BuildRules | None = None,
 ) -> CapturePolicy:
     mode = draw(st.sampled_from(MODES_SIMPLEST_FIRST))
     max_num_seqs = draw(st.sampled_from(_TYPICAL_MAX_NUM_SEQS))
@@ -137,7 +168,7 @@ def _realistic(
     if with_drafter and decode_query_len > 1 and draw(st.booleans()):
         # vLLM's drafters capture one-token decode steps over their own sizes.
         drafter = draw(
-            _realistic(capabilities, with_drafter=False).map(
+            _realistic(capabilities, with_drafter=False, rules=rules).map(
                 lambda d: replace(d, decode_query_len=1, microbatching=None)
             )
         )
@@ -146,19 +177,22 @@ def _realistic(
         cudagraph_mode=mode,
         max_num_seqs=max_num_seqs,
         decode_query_len=decode_query_len,
-        lora_capture_cases=draw(_lora_cases(capabilities, adversarial=False)),
+        lora_capture_cases=draw(_lora_cases(capabilities, False, rules)),
         varlen_decode=varlen,
         max_capture_size=None,
-        microbatching=draw(_microbatching(capabilities, adversarial=False)),
+        microbatching=draw(_microbatching(capabilities, False, rules)),
         drafter=drafter,
     )
 
 
 def realistic_policies(
-    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+    capabilities: Capabilities = ALL_CAPABILITIES,
+    *,
+    with_drafter: bool = True,
+    rules: BuildRules | None = None,
 ) -> st.SearchStrategy[CapturePolicy]:
     """Policies shaped like vLLM's defaults and common operator settings."""
-    return _realistic(capabilities, with_drafter)
+    return _realistic(capabilities, with_drafter, rules)
 
 
 #: Sizes that are valid but nobody's default: odd, non-multiples of 8, and
@@ -176,7 +210,10 @@ def _adversarial_sizes(draw: st.DrawFn) -> tuple[int, ...]:
 
 @st.composite
 def _adversarial(
-    draw: st.DrawFn, capabilities: Capabilities, with_drafter: bool
+    draw: st.DrawFn,
+    capabilities: Capabilities,
+    with_drafter: bool,
+    rules: BuildRules | None = None,
 ) -> CapturePolicy:
     sizes = draw(_adversarial_sizes())
     mode = draw(st.sampled_from(_CAPTURING_MODES))
@@ -185,36 +222,50 @@ def _adversarial(
     # Possibly below the largest size: the manager then drops decode graphs
     # that a size would otherwise give.
     max_capture_size = draw(st.one_of(st.none(), st.integers(1, 2048)))
+    if (
+        rules is not None
+        and max_capture_size is not None
+        and not rules.accepts_ceiling(sizes, max_capture_size)
+    ):
+        max_capture_size = None
     varlen = capabilities.has_varlen_decode and draw(st.booleans())
     drafter = None
     if with_drafter and draw(st.booleans()):
-        drafter = draw(_adversarial(capabilities, with_drafter=False))
+        drafter = draw(_adversarial(capabilities, with_drafter=False, rules=rules))
     return CapturePolicy(
         capture_sizes=sizes,
         cudagraph_mode=mode,
         max_num_seqs=max_num_seqs,
         decode_query_len=decode_query_len,
-        lora_capture_cases=draw(_lora_cases(capabilities, adversarial=True)),
+        lora_capture_cases=draw(_lora_cases(capabilities, True, rules)),
         varlen_decode=varlen,
         max_capture_size=max_capture_size,
-        microbatching=draw(_microbatching(capabilities, adversarial=True)),
+        microbatching=draw(_microbatching(capabilities, True, rules)),
         drafter=drafter,
     )
 
 
 def adversarial_policies(
-    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+    capabilities: Capabilities = ALL_CAPABILITIES,
+    *,
+    with_drafter: bool = True,
+    rules: BuildRules | None = None,
 ) -> st.SearchStrategy[CapturePolicy]:
     """Valid but odd policies: sparse sizes, tight ceilings, unusual cases."""
-    return _adversarial(capabilities, with_drafter)
+    return _adversarial(capabilities, with_drafter, rules)
 
 
 def policies(
-    capabilities: Capabilities = ALL_CAPABILITIES, *, with_drafter: bool = True
+    capabilities: Capabilities = ALL_CAPABILITIES,
+    *,
+    with_drafter: bool = True,
+    rules: BuildRules | None = None,
 ) -> st.SearchStrategy[CapturePolicy]:
     """Either family; shrinks towards the realistic one, whose minimum is
-    ``capture_sizes=[1]``, FULL, max_num_seqs 16, no spec decode."""
+    ``capture_sizes=[1]``, FULL, max_num_seqs 16, no spec decode.
+
+    With ``rules``, only what that release's config code builds."""
     return st.one_of(
-        realistic_policies(capabilities, with_drafter=with_drafter),
-        adversarial_policies(capabilities, with_drafter=with_drafter),
+        realistic_policies(capabilities, with_drafter=with_drafter, rules=rules),
+        adversarial_policies(capabilities, with_drafter=with_drafter, rules=rules),
     )

@@ -1,13 +1,17 @@
 """Hypothesis strategies for cases, in two profiles.
 
-``caller``   what vLLM's own model runner passes: batches built from requests
+``caller``   what vLLM's own model runner passes, under tables the release's
+             own config code builds (:mod:`dpsim.targets.buildable`): batches
+             built from requests
              (decodes of ``decode_query_len`` tokens, speculative decodes with
              fewer drafts on some requests, prefills, mixes), idle
-             ranks running the dummy batch vLLM gives them, the uniform count
+             ranks running the dummy batch vLLM gives them (with the LoRA
+             count vLLM gives a dummy batch), the uniform count
              from the version's own helper where dpsim loads it, and the
              query-length bound dropped for prefills where that version's
              model runner drops it.
-``contract`` everything the function's documented contract allows: 0-token
+``contract`` everything the function's documented contract allows, under
+             any valid table (LoRA cases without 0, thresholds of 0): 0-token
              ranks, any consistent uniform count, any query-length bound,
              need_eager / microbatching / skip-draft votes on any subset.
 
@@ -31,6 +35,7 @@ from dpsim.capture import strategies as policy_strategies
 from dpsim.capture.policy import Capabilities, CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.targets import Microbatching
+from dpsim.targets.buildable import BuildRules, rules_of
 from dpsim.targets.load import Target
 
 from .case import PROFILES, Case, RankBatch
@@ -79,6 +84,8 @@ class CallerModel:
     uniform_helper: Callable[[int, int, int], Any] | None
     #: 0.33's model runner passes ``max_query_len=None`` for batches with a prefill.
     drops_query_bound_on_prefill: bool
+    #: What the release's config code builds, and the LoRA count of its dummy batch.
+    rules: BuildRules
 
     @classmethod
     def of(cls, target: Target) -> CallerModel:
@@ -88,6 +95,7 @@ class CallerModel:
             features=frozenset(target.api.features),
             uniform_helper=helper if callable(helper) else None,
             drops_query_bound_on_prefill="max_query_len = None" in runner,
+            rules=rules_of(target),
         )
 
     def uniform(self, lengths: list[int], has_prefill: bool) -> int | None:
@@ -143,13 +151,16 @@ def cases(
         st.just(policy)
         if policy is not None
         else policy_strategies.policies(
-            capabilities, with_drafter=scenario == "drafter"
+            capabilities,
+            with_drafter=scenario == "drafter",
+            rules=model.rules if profile == "caller" else None,
         )
     )
+    fit_rules = model.rules if profile == "caller" else None
 
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
-        chosen = _fit_policy(draw, draw(policies), scenario, profile)
+        chosen = _fit_policy(draw, draw(policies), scenario, profile, fit_rules)
         dp_size = draw(st.integers(low, high))
         steps = draw(st.integers(1, max_steps))
         batch = (
@@ -175,13 +186,18 @@ def cases(
 
 
 def _fit_policy(
-    draw: st.DrawFn, policy: CapturePolicy, scenario: str, profile: str
+    draw: st.DrawFn,
+    policy: CapturePolicy,
+    scenario: str,
+    profile: str,
+    rules: BuildRules | None = None,
 ) -> CapturePolicy:
     """Give the scenario what it needs: a drafter's decode length, microbatching.
 
     vLLM's speculators build their managers from the target's own config, so
     under the caller profile a drafter table shares the target's request
     capacity (its sizes and mode may still differ, as the reuse path allows).
+    Microbatching added here obeys ``rules`` (the caller profile's release).
     """
     if profile == "caller" and policy.drafter is not None:
         policy = replace(
@@ -203,14 +219,14 @@ def _fit_policy(
         # Thresholds at the table's edges, where the batches are drawn: a
         # threshold far above every batch would never microbatch at all.
         thresholds = st.sampled_from([0, *_edge_values(policy)])
-        policy = replace(
-            policy,
-            microbatching=Microbatching(
-                num_ubatches=draw(st.integers(2, 3)),
-                decode_token_threshold=draw(thresholds),
-                prefill_token_threshold=draw(thresholds),
-            ),
+        settings = Microbatching(
+            num_ubatches=draw(st.integers(2, 3)),
+            decode_token_threshold=draw(thresholds),
+            prefill_token_threshold=draw(thresholds),
         )
+        if rules is not None:
+            settings = rules.fit_thresholds(settings)
+        policy = replace(policy, microbatching=settings)
     return policy
 
 
@@ -232,10 +248,17 @@ def _caller_batches(
     # flips, or a microbatching threshold, where splitting does.
     landmarks = sorted({*policy.capture_sizes, *_thresholds(policy)})
     anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
-    loras = active_loras(policy)
+    loras = active_loras(policy, model.rules.max_loras(policy.lora_capture_cases))
+    # vLLM's dummy and profile runs pass their own LoRA count, not a draw.
+    dummy_loras = model.rules.dummy_batch_loras(policy.lora_capture_cases)
     decode_threshold = (
         policy.microbatching.decode_token_threshold if policy.microbatching else 0
     )
+
+    def real_loras(draw: st.DrawFn, num_reqs: int) -> int:
+        # Each active adapter serves at least one of the batch's requests.
+        return min(draw(loras), num_reqs) if has("num_active_loras") else 0
+
     decode_requests = st.one_of(
         st.sampled_from(
             sorted(
@@ -257,8 +280,12 @@ def _caller_batches(
             bound = None
         dummy = kind == "dummy"
         active = 0
-        if has("num_active_loras") and not dummy:
-            active = draw(loras)
+        if has("num_active_loras"):
+            active = (
+                dummy_loras
+                if kind in ("dummy", "profile")
+                else real_loras(draw, len(lengths))
+            )
         return RankBatch(
             num_reqs=len(lengths),
             num_tokens=sum(lengths),
@@ -367,7 +394,11 @@ def _caller_batches(
         batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
         if all(batch.kind == "dummy" for batch in batches):
             # With no work anywhere vLLM does not step at all.
-            batches[0] = replace(batches[0], kind="decode")
+            # That rank's batch is real work, with its own LoRA count.
+            work = batches[0]
+            batches[0] = replace(
+                work, kind="decode", num_active_loras=real_loras(draw, work.num_reqs)
+            )
         return batches
 
     return profile_step if scenario == "profile" else step
@@ -428,9 +459,13 @@ def _contract_batches(
     return step
 
 
-def active_loras(policy: CapturePolicy) -> st.SearchStrategy[int]:
-    """Active LoRA counts: vLLM captures cases up to ``max_loras``, and no batch
-    has more adapters active than that."""
+def active_loras(
+    policy: CapturePolicy, max_loras: int | None = None
+) -> st.SearchStrategy[int]:
+    """Active LoRA counts: at most ``max_loras`` adapters are active in a
+    batch; without it (the contract), any count up to the largest case."""
+    if max_loras is not None:
+        return st.integers(0, max_loras)
     cases = policy.lora_capture_cases or (0,)
     return st.integers(0, max(cases))
 
