@@ -1,22 +1,28 @@
 """The ``dpsim`` command: one sub-command per job, each in its own module.
 
 Every user mistake surfaces as a :class:`~dpsim.errors.UsageError`, printed
-here as a single line with exit status 2.
+here as a single line with exit status 2. A reader that stops reading
+(``dpsim check | head -1``) ends the command quietly with status 141, as a
+process killed by SIGPIPE would, instead of a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from dpsim.errors import UsageError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+#: 128 + SIGPIPE: what a shell reports for a writer whose reader went away.
+EXIT_BROKEN_PIPE = 141
 
 DESCRIPTION = """\
 Simulate vLLM's data-parallel sync on N virtual ranks, in one process,
@@ -90,7 +96,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dpsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
 
 
 def run() -> None:
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()  # what is still buffered may meet a closed pipe too
+    except BrokenPipeError:
+        _silence_stdout()
+        code = EXIT_BROKEN_PIPE
+    sys.exit(code)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's own flush at exit
+    cannot raise BrokenPipeError again (and print it)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing flushes it at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
+
+
+def check_output_directory(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output directory that cannot be written.
+
+    Nothing is created here: a run that writes nothing leaves no directory
+    behind. ``path`` must be a writable directory, or not exist under a
+    writable one.
+    """
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise UsageError(f"{flag} {path}: {existing} is a dangling symlink")
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        where = (
+            "is not a directory" if existing == path else f"is under {existing}, a file"
+        )
+        raise UsageError(f"{flag} {path}: {where}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {existing} is not writable")

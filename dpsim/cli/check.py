@@ -2,7 +2,8 @@
 
 Exit status: 0 when every property held, 1 when one failed (the shrunk
 counterexample is printed and written under --out), 2 on a usage or target
-error.
+error, including a target that ends or crashes the process or outgrows its
+memory or CPU allowance (:mod:`dpsim.isolation`): no verdict is not a pass.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpsim import cex
+from dpsim import allowances, cex
 from dpsim.capture.policy import load_policy
 from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, CheckReport, run_check
-from dpsim.cli import add_command
+from dpsim.cli import add_command, check_output_directory
 from dpsim.database import open_database
 from dpsim.errors import UsageError
+from dpsim.isolation import prints_to_stderr, run_isolated
+from dpsim.limits import MAX_RANKS
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
@@ -74,6 +77,7 @@ def register(commands: Any) -> None:
         "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    allowances.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -89,7 +93,10 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--profile", default="caller", choices=PROFILES)
     parser.add_argument(
-        "--ranks", default="2..16", metavar="LO..HI", help="DP sizes to try (or one N)"
+        "--ranks",
+        default="2..16",
+        metavar="LO..HI",
+        help=f"DP sizes to try (or one N; at most {MAX_RANKS:,})",
     )
     parser.add_argument(
         "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
@@ -119,29 +126,44 @@ def parse_ranks(text: str) -> tuple[int, int]:
         ) from None
     if not 1 <= low <= high:
         raise UsageError(f"--ranks {text!r}: need 1 <= LO <= HI")
+    if high > MAX_RANKS:
+        raise UsageError(f"--ranks {text!r}: at most {MAX_RANKS:,} ranks")
     return low, high
 
 
 def run(arguments: argparse.Namespace) -> int:
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
-    target = load_target(arguments.vllm, arguments.target)
-    options = CheckOptions(
-        scenarios=tuple(dict.fromkeys(arguments.scenario)),
-        properties=tuple(dict.fromkeys(arguments.property)),
-        profile=arguments.profile,
-        ranks=parse_ranks(arguments.ranks),
-        policy=load_policy(Path(arguments.policy)) if arguments.policy else None,
-        examples=arguments.examples,
-        seed=arguments.seed,
-        database=open_database(arguments.db) if arguments.db else None,
+    parse_ranks(arguments.ranks)
+    check_output_directory(Path(arguments.out), "--out")
+    allowance = allowances.from_arguments(arguments)
+    return run_isolated(
+        lambda: _check(arguments), allowance=allowance, json_errors=arguments.json
     )
-    progress = _Progress(target) if sys.stderr.isatty() and not arguments.json else None
-    try:
-        report = run_check(target, options, progress)
-    finally:
-        if progress is not None:
-            progress.close()
+
+
+def _check(arguments: argparse.Namespace) -> int:
+    """The check itself, in the child :func:`run_isolated` forks."""
+    with prints_to_stderr():
+        target = load_target(arguments.vllm, arguments.target)
+        options = CheckOptions(
+            scenarios=tuple(dict.fromkeys(arguments.scenario)),
+            properties=tuple(dict.fromkeys(arguments.property)),
+            profile=arguments.profile,
+            ranks=parse_ranks(arguments.ranks),
+            policy=load_policy(Path(arguments.policy)) if arguments.policy else None,
+            examples=arguments.examples,
+            seed=arguments.seed,
+            database=open_database(arguments.db) if arguments.db else None,
+        )
+        progress = (
+            _Progress(target) if sys.stderr.isatty() and not arguments.json else None
+        )
+        try:
+            report = run_check(target, options, progress)
+        finally:
+            if progress is not None:
+                progress.close()
     written = _write_counterexample(report, Path(arguments.out))
     if arguments.json:
         print(json.dumps(summary(report, written), sort_keys=True))

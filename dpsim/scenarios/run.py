@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Any
 
+from dpsim import allowances
 from dpsim.capture.policy import CapturePolicy
 from dpsim.sim import SimResult, simulate
 from dpsim.sim.choosers import Chooser
@@ -117,6 +118,8 @@ def run_case(
     step_budget: int | None = None,
 ) -> SimResult:
     """Simulate ``case`` on ``target``; raises :class:`PolicyRefused` if vLLM would."""
+    # Each case, its manager builds included, gets the same CPU allowance.
+    allowances.case_started()
     setting = setting_for(target, case)
     program = PROGRAMS[case.scenario]
     options: dict[str, Any] = {"chooser": chooser}
