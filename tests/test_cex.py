@@ -16,6 +16,8 @@ from typing import Any
 
 import faults as faulty
 import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 
 from dpsim import cex
 from dpsim.cex import files
@@ -456,3 +458,58 @@ def test_control_characters_in_a_counterexample_are_shown_escaped(
     assert main(["replay", str(tmp_path / "gone\x1b[2J\r.json")]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert _controls(line) == set() and "gone\\x1b[2J\\r.json" in line
+
+
+# -- every counterexample dpsim writes, it reads back and replays ---------------------
+
+
+@pytest.fixture(scope="module")
+def writer_targets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A hand-written target that fails many properties (each rank pads to its
+    own count), and a real release, whose contract-profile cases fail some."""
+    directory = tmp_path_factory.mktemp("writer")
+    own = faulty.write(
+        directory, "own_padding.py", faulty.VOTING.replace("PAD_FROM", "num_tokens")
+    )
+    return {
+        "own-padding": load_target(faulty.BASE, own),
+        "0.33.0": load_target("0.33.0"),
+        "out": directory / "out",
+    }
+
+
+@pytest.mark.parametrize("name", ["own-padding", "0.33.0"])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(data=st.data())
+def test_every_counterexample_dpsim_writes_is_read_back_and_replays(
+    name: str, writer_targets: dict[str, Any], data: st.DataObject
+) -> None:
+    from dpsim.properties import PROPERTY_NAMES, judge
+    from dpsim.scenarios import PolicyRefused, run_case
+    from dpsim.scenarios.generate import cases, scenarios_for
+
+    target = writer_targets[name]
+    scenario = data.draw(st.sampled_from(scenarios_for(target)), label="scenario")
+    case = data.draw(cases(target, scenario=scenario, profile="contract", ranks=(1, 4)))
+    try:
+        result = run_case(target, case)
+    except PolicyRefused:
+        reject()
+    verdicts = judge(case, result)
+    # What check, versions and the suite write for a failing run.
+    path = cex.save(
+        target, case, result, verdicts, PROPERTY_NAMES, writer_targets["out"]
+    )
+    read = cex.read(path)  # the reader accepts it ...
+    assert files.encode(read) == path.read_text()
+    rerun = replay_in_sim(read, resolve_target(read).target)  # ... and it replays
+    assert files.canonical(rerun.as_rerun_dict()) == files.canonical(
+        files.recorded_rerun(read)
+    )
+    assert compare(read, rerun) == (REPRODUCED if verdicts else HOLDS)
