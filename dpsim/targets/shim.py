@@ -346,6 +346,8 @@ class ModuleLoader:
             exec(code, module.__dict__)
         except TargetError:
             raise
+        except SystemExit as error:
+            raise _ended_loading(error, path) from None
         except Exception as error:
             line = _innermost_line(error, str(path))
             raise TargetError(
@@ -361,6 +363,8 @@ class ModuleLoader:
             code = compile(unit, str(path), "exec", flags=flags, dont_inherit=True)
             try:
                 exec(code, module.__dict__)
+            except SystemExit as error:
+                raise _ended_loading(error, path) from None
             except Exception:
                 for bound in _bound_names(statement):
                     module.__dict__.setdefault(
@@ -408,6 +412,19 @@ def _absolute(name: str, globals: Mapping[str, Any], level: int) -> str:
     package = globals.get("__package__") or ""
     base = package.rsplit(".", level - 1)[0] if level > 1 else package
     return f"{base}.{name}" if name else base
+
+
+def _ended_loading(error: SystemExit, path: Path) -> TargetError:
+    """A file that exits while it loads cannot be run: one line saying where.
+
+    Not left to propagate: a ``SystemExit`` at import would end dpsim itself,
+    with the file's exit status and no verdict.
+    """
+    line = _innermost_line(error, str(path))
+    return TargetError(
+        f"{path}{line}: raised SystemExit({error.code!r}) while loading: "
+        "dpsim cannot run it"
+    )
 
 
 def _innermost_line(error: BaseException, path: str) -> str:
