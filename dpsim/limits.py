@@ -21,6 +21,7 @@ __all__ = [
     "MAX_INT",
     "MAX_LORA_CASES",
     "MAX_NUM_SEQS",
+    "MAX_POLICY_BYTES",
     "MAX_RANKS",
     "MAX_RANK_STEPS",
     "MAX_SPECULATIVE_TOKENS",
@@ -63,6 +64,10 @@ MAX_GRAPHS_PER_MODE = 4096
 #: ``EngineArgs.get_batch_defaults``). Generated and workload batches list one
 #: query length per request, so memory per batch grows with it.
 MAX_NUM_SEQS = 16_384
+
+#: A policy file's size: a policy is a few hundred bytes, and a file is read
+#: whole before it is parsed.
+MAX_POLICY_BYTES = 2**20
 
 #: Speculative tokens per step (decode_query_len - 1, a drafter case's
 #: num_speculative_steps): the drafter scenario runs one sync per token.

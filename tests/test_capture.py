@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from dpsim import limits
 from dpsim.capture import (
     ALL_CAPABILITIES,
     NO_CAPABILITIES,
@@ -97,7 +98,8 @@ BAD_POLICIES = [
     ),
     (
         {"capture_sizes": [1], "max_capture_size": 0},
-        "max_capture_size: must be an integer >= 1 or absent, got 0",
+        "max_capture_size: must be an integer >= 1, got 0 "
+        "(leave it out for the largest capture size)",
     ),
     (
         {"capture_sizes": [1], "lora_capture_cases": [0, -1]},
@@ -185,7 +187,7 @@ FULL_EXAMPLE = CapturePolicy(
     decode_query_len=4,
     lora_capture_cases=(0, 1, 2, 4, 5),
     varlen_decode=True,
-    max_capture_size=24,
+    max_capture_size=32,
     microbatching=Microbatching(2, 16, 256),
     drafter=CapturePolicy(
         capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL_DECODE_ONLY"
@@ -200,7 +202,7 @@ def test_manager_configs_carry_every_setting() -> None:
     assert (config.max_num_seqs, config.decode_query_len) == (128, 4)
     assert config.lora_capture_cases == (0, 1, 2, 4, 5)
     assert config.varlen_decode is True
-    assert config.max_capture_size == 24
+    assert config.max_capture_size == 32
     assert config.microbatching == Microbatching(2, 16, 256)
     assert config.data_parallel_size == 4
     drafter = FULL_EXAMPLE.drafter_manager_config(dp_size=4)
@@ -322,6 +324,222 @@ def test_load_policy_errors_name_the_file(
         load_policy(path)
     assert str(caught.value).startswith(f"{path}: {message}")
     assert "\n" not in str(caught.value)
+
+
+# ------------------------------------------------------ bounds, consistency
+
+# Each bound is read from dpsim.limits, so a test never restates a number.
+BOUNDED_KEYS = [
+    ("max_num_seqs", limits.MAX_NUM_SEQS),
+    ("decode_query_len", limits.MAX_DECODE_QUERY_LEN),
+    ("max_capture_size", limits.MAX_CAPTURE_SIZE),
+]
+
+
+@pytest.mark.parametrize(("key", "most"), BOUNDED_KEYS)
+def test_policy_numbers_are_bounded_at_their_limit(key: str, most: int) -> None:
+    sizes = {"capture_sizes": [1], "max_capture_size": 1}
+    assert getattr(CapturePolicy.from_dict({**sizes, key: most}), key) == most
+    for huge in (most + 1, 10**8, 2**62):
+        with pytest.raises(PolicyError) as caught:
+            CapturePolicy.from_dict({**sizes, key: huge})
+        assert str(caught.value).startswith(f"{key}: must be at most {most:,}, got")
+
+
+BOUNDED_POLICIES = [
+    (
+        {"capture_sizes": [1, 2**62]},
+        f"capture_sizes: every size must be at most {limits.MAX_CAPTURE_SIZE:,}, "
+        f"got {2**62}",
+    ),
+    (
+        # The default grid is never built up to a ceiling that is refused.
+        {"capture_sizes": "default", "max_capture_size": 2**62},
+        f"max_capture_size: must be at most {limits.MAX_CAPTURE_SIZE:,}, "
+        f"got {2**62} (leave it out for the largest capture size)",
+    ),
+    (
+        {"capture_sizes": list(range(1, limits.MAX_CAPTURE_ENTRIES + 2))},
+        f"capture_sizes: {limits.MAX_CAPTURE_ENTRIES + 1:,} entries; at most "
+        f"{limits.MAX_CAPTURE_ENTRIES:,} allowed",
+    ),
+    (
+        {
+            "capture_sizes": [1],
+            "lora_capture_cases": list(range(limits.MAX_LORA_CASES + 1)),
+        },
+        f"lora_capture_cases: {limits.MAX_LORA_CASES + 1} entries; at most "
+        f"{limits.MAX_LORA_CASES} allowed",
+    ),
+    (
+        {"capture_sizes": [1], "lora_capture_cases": [0, 2**40]},
+        f"lora_capture_cases: every case must be at most {limits.MAX_INT:,}, "
+        f"got {2**40}",
+    ),
+    (
+        {
+            "capture_sizes": list(range(1, 301)),
+            "lora_capture_cases": list(range(16)),
+        },
+        "capture_sizes x lora_capture_cases: 4,800 graphs per mode; at most "
+        f"{limits.MAX_GRAPHS_PER_MODE:,} (the manager's build time grows with "
+        "the square of it)",
+    ),
+    (
+        {"capture_sizes": [1], "microbatching": {"num_ubatches": 10**6}},
+        f"microbatching.num_ubatches: must be at most {limits.MAX_UBATCHES}, "
+        f"got {10**6}",
+    ),
+    (
+        {"capture_sizes": [1], "microbatching": {"decode_token_threshold": 2**40}},
+        "microbatching.decode_token_threshold: must be at most "
+        f"{limits.MAX_INT:,}, got {2**40}",
+    ),
+    (
+        {"capture_sizes": [1], "max_num_seqs": 10**5000},
+        f"max_num_seqs: must be at most {limits.MAX_NUM_SEQS:,}, got an integer "
+        f"of {(10**5000).bit_length()} bits",
+    ),
+    (
+        {"capture_sizes": [1], "drafter": {"capture_sizes": [1], "max_num_seqs": -1}},
+        "drafter: max_num_seqs: must be an integer >= 1, got -1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BOUNDED_POLICIES)
+def test_oversized_policies_are_refused_in_one_line(
+    data: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(PolicyError) as caught:
+        CapturePolicy.from_dict(data)
+    assert str(caught.value) == message
+
+
+def test_dp_size_is_bounded_by_the_ranks_limit() -> None:
+    policy = CapturePolicy(capture_sizes=(1,))
+    assert policy.manager_config(limits.MAX_RANKS).data_parallel_size == (
+        limits.MAX_RANKS
+    )
+    with pytest.raises(PolicyError, match=r"^dp_size: must be at most 1,024, got"):
+        policy.manager_config(limits.MAX_RANKS + 1)
+
+
+def _write(path: Path, content: str | bytes) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "p.json",
+            b'{"capture_sizes": [1], "cudagraph_mode": "\xff"}',
+            "not UTF-8 text (byte 42)",
+        ),
+        ("p.toml", b"capture_sizes = [1]\n# caf\xe9\n", "not UTF-8 text (byte "),
+        ("p.json", "[" * DEEP + "]" * DEEP, "nested too deeply to be a policy"),
+        (
+            "p.json",
+            '{"capture_sizes": ' + "[" * DEEP + "]" * DEEP + "}",
+            "nested too deeply to be a policy",
+        ),
+        (
+            "p.toml",
+            "capture_sizes = " + "[" * DEEP + "]" * DEEP + "\n",
+            "nested too deeply to be a policy",
+        ),
+        ("p.json", '{"capture_sizes": [' + "9" * 5000 + "]}", "invalid JSON: "),
+        ("p.toml", "capture_sizes = [" + "9" * 5000 + "]\n", "invalid TOML: "),
+        (
+            "p.json",
+            '{"capture_sizes": [1], "max_num_seqs": 100000000}',
+            f"max_num_seqs: must be at most {limits.MAX_NUM_SEQS:,}, got 100000000",
+        ),
+        (
+            "p.toml",
+            "capture_sizes = [1]\n" + "#" * limits.MAX_POLICY_BYTES + "\n",
+            f"{limits.MAX_POLICY_BYTES + 21:,} bytes; a policy file is at most "
+            f"{limits.MAX_POLICY_BYTES:,}",
+        ),
+    ],
+)
+def test_unreadable_policy_files_are_one_line(
+    tmp_path: Path, name: str, content: str | bytes, message: str
+) -> None:
+    path = _write(tmp_path / name, content)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert str(caught.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(caught.value)
+    assert len(str(caught.value)) < 300
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        (
+            "capture_sizes = [1, 2, 4, 8]\nmax_capture_size = 4\n",
+            "max_capture_size 4 differs from the largest capture size 8, which "
+            "vLLM refuses (CompilationConfig.post_init_cudagraph_sizes, "
+            "vllm/config/compilation.py); leave it out or set it to 8",
+        ),
+        (
+            "capture_sizes = [1, 2]\nmax_capture_size = 64\n",
+            "max_capture_size 64 differs from the largest capture size 2, which ",
+        ),
+        (
+            "capture_sizes = [1, 2]\n[drafter]\ncapture_sizes = [1, 4]\n"
+            "max_capture_size = 2\n",
+            "drafter: max_capture_size 2 differs from the largest capture size 4",
+        ),
+    ],
+)
+def test_policy_files_keep_vllms_ceiling_rule(
+    tmp_path: Path, policy: str, message: str
+) -> None:
+    path = _write(tmp_path / "p.toml", policy)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert str(caught.value).startswith(f"{path}: {message}")
+
+
+def test_a_consistent_or_derived_ceiling_loads(tmp_path: Path) -> None:
+    path = _write(tmp_path / "p.toml", "capture_sizes = [1, 8]\nmax_capture_size = 8\n")
+    assert load_policy(path).max_capture_size == 8
+    # The default grid to 300 stops at 288, and vLLM truncates its ceiling to it.
+    path = _write(
+        tmp_path / "d.toml", 'capture_sizes = "default"\nmax_capture_size = 300\n'
+    )
+    policy = load_policy(path)
+    assert (max(policy.capture_sizes), policy.max_capture_size) == (288, 288)
+    # Counterexamples keep the contract profile's tight ceilings: the rule is
+    # for deployments (files), not for the contract's policy space.
+    tight = CapturePolicy.from_dict({"capture_sizes": [1, 8], "max_capture_size": 4})
+    assert tight.max_capture_size == 4
+
+
+def test_policy_show_refuses_in_one_line_before_loading_a_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpsim.cli import main
+
+    for text, message in [
+        ("capture_sizes = [1, 8]\nmax_capture_size = 4\n", "max_capture_size 4"),
+        ("capture_sizes = [1]\nmax_num_seqs = 100000000\n", "max_num_seqs: must"),
+    ]:
+        path = _write(tmp_path / "p.toml", text)
+        assert main(["policy", "show", str(path), "--vllm", "no-such-release"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dpsim: error: {path}: {message}")
+        assert err.count("\n") == 1
 
 
 # -------------------------------------------------------------- strategies

@@ -35,7 +35,9 @@ default shown. TOML has no null: leave a key out to get its default.
     # Varlen decode graphs (vLLM 0.28+).
     varlen_decode = false
     # compilation_config.max_cudagraph_capture_size. Absent / null: the
-    # largest capture size, as vLLM derives it.
+    # largest capture size, as vLLM derives it. Given beside a list of
+    # sizes it must equal the largest (vLLM refuses anything else); beside
+    # "default" it is where the grid stops.
     max_capture_size = 64
 
     # Microbatching / DBO (vLLM 0.30+). Absent / null: off.
@@ -56,6 +58,12 @@ The JSON form is the same object: ``{"capture_sizes": [1, 2, 4], ...,
 "microbatching": {"num_ubatches": 2, ...}, "drafter": {...}}``.
 :meth:`CapturePolicy.to_dict` writes every key, in the order above, with
 ``null`` for absent optionals, so a saved policy diffs cleanly.
+
+Numbers are bounded where dpsim's memory or time grows with them (see
+:mod:`dpsim.limits` for each reason): capture sizes and max_capture_size at
+most 16,384, at most 2,048 sizes and 16 LoRA cases, sizes times LoRA cases at
+most 4,096, max_num_seqs at most 16,384, decode_query_len at most 65,
+num_ubatches at most 64, other counts below 2**31.
 """
 
 from __future__ import annotations
@@ -68,6 +76,20 @@ from pathlib import Path
 from typing import Any
 
 from dpsim.errors import UsageError
+from dpsim.limits import (
+    MAX_CAPTURE_ENTRIES,
+    MAX_CAPTURE_SIZE,
+    MAX_DECODE_QUERY_LEN,
+    MAX_GRAPHS_PER_MODE,
+    MAX_INT,
+    MAX_LORA_CASES,
+    MAX_NUM_SEQS,
+    MAX_POLICY_BYTES,
+    MAX_RANKS,
+    MAX_UBATCHES,
+    int_problem,
+    shown,
+)
 from dpsim.targets.manager import CUDAGRAPH_MODE_NAMES, ManagerConfig, Microbatching
 
 __all__ = [
@@ -78,6 +100,7 @@ __all__ = [
     "CapturePolicy",
     "Microbatching",
     "PolicyError",
+    "check_ceiling",
     "load_policy",
     "vllm_default_max_capture_size",
     "vllm_default_sizes",
@@ -157,11 +180,6 @@ NO_CAPABILITIES = Capabilities(
 )
 
 
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; `true` is never a meaningful size.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
 class CapturePolicy:
     """One capture table's settings, and optionally the drafter's.
@@ -188,29 +206,39 @@ class CapturePolicy:
         def fail(message: str) -> None:
             raise PolicyError(message)
 
+        def check(name: str, value: object, low: int, high: int) -> None:
+            problem = int_problem(value, low, high)
+            if problem is not None:
+                fail(f"{name}: {problem}")
+
+        def check_list(name: str, items: object, most: int) -> list[Any]:
+            if isinstance(items, str) or not isinstance(items, list | tuple):
+                fail(f"{name}: expected a list of integers, got {shown(items)}")
+            assert isinstance(items, list | tuple)
+            if len(items) > most:
+                fail(f"{name}: {len(items):,} entries; at most {most:,} allowed")
+            return list(items)
+
         mode = self.cudagraph_mode
         if not isinstance(mode, str) or mode not in CUDAGRAPH_MODE_NAMES:
             fail(
-                f"cudagraph_mode: unknown mode {mode!r}; "
+                f"cudagraph_mode: unknown mode {shown(mode)}; "
                 f"expected one of {', '.join(CUDAGRAPH_MODE_NAMES)}"
             )
-        for name in ("max_num_seqs", "decode_query_len"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                fail(f"{name}: must be an integer >= 1, got {value!r}")
-        if self.max_capture_size is not None and (
-            not _is_int(self.max_capture_size) or self.max_capture_size < 1
-        ):
-            fail(
-                "max_capture_size: must be an integer >= 1 or absent, "
-                f"got {self.max_capture_size!r}"
-            )
-        sizes = self.capture_sizes
-        if isinstance(sizes, str) or not isinstance(sizes, list | tuple):
-            fail(f"capture_sizes: expected a list of integers, got {sizes!r}")
-        bad = [s for s in sizes if not _is_int(s) or s < 1]
-        if bad:
-            fail(f"capture_sizes: every size must be an integer >= 1, got {bad[0]!r}")
+        check("max_num_seqs", self.max_num_seqs, 1, MAX_NUM_SEQS)
+        check("decode_query_len", self.decode_query_len, 1, MAX_DECODE_QUERY_LEN)
+        if self.max_capture_size is not None:
+            problem = int_problem(self.max_capture_size, 1, MAX_CAPTURE_SIZE)
+            if problem is not None:
+                fail(
+                    f"max_capture_size: {problem} "
+                    "(leave it out for the largest capture size)"
+                )
+        sizes = check_list("capture_sizes", self.capture_sizes, MAX_CAPTURE_ENTRIES)
+        for size in sizes:
+            problem = int_problem(size, 1, MAX_CAPTURE_SIZE)
+            if problem is not None:
+                fail(f"capture_sizes: every size {problem}")
         if len(set(sizes)) != len(sizes):
             dup = next(s for s in sizes if sizes.count(s) > 1)
             fail(f"capture_sizes: size {dup} is listed twice")
@@ -221,42 +249,42 @@ class CapturePolicy:
             )
         object.__setattr__(self, "capture_sizes", tuple(sorted(sizes)))
         if not isinstance(self.varlen_decode, bool):
-            fail(f"varlen_decode: must be true or false, got {self.varlen_decode!r}")
-        cases = self.lora_capture_cases
-        if cases is not None:
-            if isinstance(cases, str) or not isinstance(cases, list | tuple):
-                fail(f"lora_capture_cases: expected a list of integers, got {cases!r}")
+            fail(
+                f"varlen_decode: must be true or false, got {shown(self.varlen_decode)}"
+            )
+        cases: list[Any] = [0]  # what the manager assumes without LoRA
+        if self.lora_capture_cases is not None:
+            cases = check_list(
+                "lora_capture_cases", self.lora_capture_cases, MAX_LORA_CASES
+            )
             if not cases:
                 # The manager reads [] as [0]; say "no LoRA" one way only.
                 fail("lora_capture_cases: empty; leave it out (or null) for no LoRA")
-            bad = [c for c in cases if not _is_int(c) or c < 0]
-            if bad:
-                fail(
-                    "lora_capture_cases: every case must be an integer >= 0, "
-                    f"got {bad[0]!r}"
-                )
+            for case in cases:
+                problem = int_problem(case, 0, MAX_INT)
+                if problem is not None:
+                    fail(f"lora_capture_cases: every case {problem}")
             if len(set(cases)) != len(cases):
                 dup = next(c for c in cases if cases.count(c) > 1)
                 fail(f"lora_capture_cases: case {dup} is listed twice")
             object.__setattr__(self, "lora_capture_cases", tuple(sorted(cases)))
+        graphs = len(sizes) * len(cases)
+        if graphs > MAX_GRAPHS_PER_MODE:
+            fail(
+                f"capture_sizes x lora_capture_cases: {graphs:,} graphs per mode; "
+                f"at most {MAX_GRAPHS_PER_MODE:,} (the manager's build time grows "
+                "with the square of it)"
+            )
         mb = self.microbatching
         if mb is not None:
             if not isinstance(mb, Microbatching):
-                fail(f"microbatching: expected a table, got {mb!r}")
-            if not _is_int(mb.num_ubatches) or mb.num_ubatches < 2:
-                fail(
-                    "microbatching.num_ubatches: must be an integer >= 2, "
-                    f"got {mb.num_ubatches!r}"
-                )
+                fail(f"microbatching: expected a table, got {shown(mb)}")
+            check("microbatching.num_ubatches", mb.num_ubatches, 2, MAX_UBATCHES)
             for name in ("decode_token_threshold", "prefill_token_threshold"):
-                value = getattr(mb, name)
-                if not _is_int(value) or value < 0:
-                    fail(
-                        f"microbatching.{name}: must be an integer >= 0, got {value!r}"
-                    )
+                check(f"microbatching.{name}", getattr(mb, name), 0, MAX_INT)
         if self.drafter is not None:
             if not isinstance(self.drafter, CapturePolicy):
-                fail(f"drafter: expected a policy table, got {self.drafter!r}")
+                fail(f"drafter: expected a policy table, got {shown(self.drafter)}")
             if self.drafter.drafter is not None:
                 fail("drafter.drafter: a drafter has no drafter of its own")
 
@@ -299,8 +327,9 @@ class CapturePolicy:
 
     def manager_config(self, dp_size: int = 2, *, tp_size: int = 1) -> ManagerConfig:
         """The target's manager configuration for a DP deployment of ``dp_size``."""
-        if not _is_int(dp_size) or dp_size < 1:
-            raise PolicyError(f"dp_size: must be an integer >= 1, got {dp_size!r}")
+        problem = int_problem(dp_size, 1, MAX_RANKS)
+        if problem is not None:
+            raise PolicyError(f"dp_size: {problem}")
         return ManagerConfig(
             capture_sizes=self.capture_sizes,
             cudagraph_mode=self.cudagraph_mode,
@@ -356,11 +385,13 @@ class CapturePolicy:
     def from_dict(cls, data: Mapping[str, Any], *, _where: str = "") -> CapturePolicy:
         """Build and validate a policy from the file-format mapping."""
         if not isinstance(data, Mapping):
-            raise PolicyError(f"{_where}expected a table of policy keys, got {data!r}")
+            raise PolicyError(
+                f"{_where}expected a table of policy keys, got {shown(data)}"
+            )
         unknown = [key for key in data if key not in _KEYS]
         if unknown:
             raise PolicyError(
-                f"{_where}unknown key {unknown[0]!r} (known keys: {', '.join(_KEYS)})"
+                f"{_where}unknown key {shown(unknown[0])} (known keys: {', '.join(_KEYS)})"
             )
         if "capture_sizes" not in data:
             raise PolicyError(f"{_where}missing required key 'capture_sizes'")
@@ -374,23 +405,18 @@ class CapturePolicy:
                 kwargs[key] = data[key]
         sizes = data["capture_sizes"]
         if sizes == "default":
-            max_num_seqs = kwargs.get("max_num_seqs", 256)
-            q = kwargs.get("decode_query_len", 1)
-            ceiling = kwargs.get("max_capture_size")
-            if ceiling is None and _is_int(max_num_seqs) and _is_int(q):
-                ceiling = vllm_default_max_capture_size(max_num_seqs, q)
-            sizes = vllm_default_sizes(ceiling) if isinstance(ceiling, int) else []
+            sizes = _default_grid(kwargs)
         kwargs["capture_sizes"] = sizes
         mb = data.get("microbatching")
         if mb is not None:
             if not isinstance(mb, Mapping):
                 raise PolicyError(
-                    f"{_where}microbatching: expected a table, got {mb!r}"
+                    f"{_where}microbatching: expected a table, got {shown(mb)}"
                 )
             unknown = [key for key in mb if key not in _MB_KEYS]
             if unknown:
                 raise PolicyError(
-                    f"{_where}microbatching: unknown key {unknown[0]!r} "
+                    f"{_where}microbatching: unknown key {shown(unknown[0])} "
                     f"(known keys: {', '.join(_MB_KEYS)})"
                 )
             kwargs["microbatching"] = Microbatching(**mb)
@@ -411,6 +437,31 @@ class CapturePolicy:
     def to_toml(self) -> str:
         """The TOML form: absent optionals are left out (TOML has no null)."""
         return _to_toml(self.to_dict())
+
+
+def _default_grid(kwargs: dict[str, Any]) -> list[int]:
+    """vLLM's default grid for the policy keys in ``kwargs``, as vLLM sizes it.
+
+    A given max_capture_size becomes the grid's largest size, as vLLM
+    truncates its ceiling to the grid it built (``VllmConfig``, with a
+    warning). An invalid ceiling gives no grid: validation then names it.
+    """
+    ceiling = kwargs.get("max_capture_size")
+    if ceiling is None:
+        max_num_seqs = kwargs.get("max_num_seqs", 256)
+        q = kwargs.get("decode_query_len", 1)
+        if (
+            int_problem(max_num_seqs, 1, MAX_NUM_SEQS) is not None
+            or int_problem(q, 1, MAX_DECODE_QUERY_LEN) is not None
+        ):
+            return []
+        ceiling = vllm_default_max_capture_size(max_num_seqs, q)
+    if int_problem(ceiling, 1, MAX_CAPTURE_SIZE) is not None:
+        return []
+    grid = list(vllm_default_sizes(ceiling))
+    if kwargs.get("max_capture_size") is not None:
+        kwargs["max_capture_size"] = grid[-1]
+    return grid
 
 
 _KEYS = tuple(f.name for f in fields(CapturePolicy))
@@ -459,6 +510,8 @@ def load_policy(path: str | Path) -> CapturePolicy:
 
     Every failure (missing file, bad syntax, unknown key, invalid value) is a
     :class:`PolicyError` whose one-line message starts with the file name.
+    A file describes a deployment, so it is also held to vLLM's own
+    consistency rule for max_capture_size (:func:`check_ceiling`).
     """
     path = Path(path)
     suffix = path.suffix.lower()
@@ -467,9 +520,19 @@ def load_policy(path: str | Path) -> CapturePolicy:
             f"{path}: unknown policy file type {suffix!r}; use .json or .toml"
         )
     try:
+        size = path.stat().st_size
+        if size > MAX_POLICY_BYTES:
+            raise PolicyError(
+                f"{path}: {size:,} bytes; a policy file is at most {MAX_POLICY_BYTES:,}"
+            )
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PolicyError(f"{path}: no such policy file") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(
+            f"{path}: not UTF-8 text (byte {exc.start}); JSON and TOML policies "
+            "are UTF-8"
+        ) from None
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
@@ -480,9 +543,44 @@ def load_policy(path: str | Path) -> CapturePolicy:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        # The parsers recurse once per nesting level; a policy nests two deep.
+        raise PolicyError(f"{path}: nested too deeply to be a policy") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise PolicyError(f"{path}: invalid {suffix[1:].upper()}: {exc}") from None
     try:
-        return CapturePolicy.from_dict(data)
+        policy = CapturePolicy.from_dict(data)
+        check_ceiling(policy)
     except PolicyError as exc:
         raise PolicyError(f"{path}: {exc}") from None
     except TypeError as exc:  # e.g. a microbatching key given a list
         raise PolicyError(f"{path}: {exc}") from None
+    return policy
+
+
+def check_ceiling(policy: CapturePolicy) -> None:
+    """Refuse a max_capture_size other than the largest capture size, as vLLM does.
+
+    vLLM refuses a configured max_cudagraph_capture_size that differs from
+    the largest configured capture size ("customized
+    max_cudagraph_capture_size should be consistent with the max value of
+    cudagraph_capture_sizes", ``VllmConfig``), and
+    ``CompilationConfig.post_init_cudagraph_sizes`` in
+    vllm/config/compilation.py asserts the two equal. Smaller would drop
+    graphs the sizes ask for; larger would leave batches above the largest
+    graph inside the graph range. Policy files describe deployments, so
+    they are held to it; generated contract-profile policies are not, as
+    they probe the manager beyond what vLLM's config builds.
+    """
+    for where, table in (("", policy), ("drafter: ", policy.drafter)):
+        if table is None or table.max_capture_size is None or not table.capture_sizes:
+            continue
+        largest = max(table.capture_sizes)
+        if table.max_capture_size != largest:
+            raise PolicyError(
+                f"{where}max_capture_size {table.max_capture_size} differs from the "
+                f"largest capture size {largest}, which vLLM refuses "
+                "(CompilationConfig.post_init_cudagraph_sizes, "
+                "vllm/config/compilation.py); leave it out or set it to "
+                f"{largest}"
+            )
