@@ -11,7 +11,7 @@ from typing import Any
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.properties.base import Evidence, Phase
-from dpsim.scenarios.case import Case
+from dpsim.scenarios.case import POLICY_SPACES, Case
 from dpsim.sim import render_table
 from dpsim.terminal import printable
 
@@ -129,6 +129,7 @@ def render_case_run(title: str, case: Case, evidence: Evidence) -> str:
             else ""
         ),
         f"  policy: {describe_policy(case.policy)}",
+        f"  ({POLICY_SPACES.get(case.profile, case.profile)})",
         "",
     ]
     for phase in evidence.phases:

@@ -328,3 +328,23 @@ def test_identical_batches_are_synced_again_alone_where_vllm_allows_it(
         together, alone = sync_records(result.ranks[1])[:2]
         assert alone["solo"] and not together["solo"]
         assert alone["descriptor"] == together["descriptor"]
+
+
+@pytest.mark.parametrize(
+    ("profile", "space"),
+    [
+        ("caller", "policies drawn from what the release's config builds"),
+        ("contract", "policies drawn from every valid table"),
+    ],
+)
+def test_a_reported_case_says_which_policy_space_it_came_from(
+    profile: str, space: str
+) -> None:
+    from dpsim.properties.base import Evidence
+    from dpsim.report import render_case_run
+
+    target = load_target("0.33.0")
+    batch = RankBatch(num_reqs=1, num_tokens=1, uniform_token_count=1)
+    case = Case(scenario="step", profile=profile, policy=SMALL, steps=((batch,) * 2,))
+    text = render_case_run("title", case, Evidence(case, run_case(target, case)))
+    assert f"({profile} profile: {space})" in text.splitlines()[3]

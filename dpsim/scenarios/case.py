@@ -18,6 +18,12 @@ from dpsim.targets.adapters import SyncInputs
 
 #: Generator profiles: what real callers pass, or all the contract allows.
 PROFILES = ("caller", "contract")
+#: Where each profile draws its capture policies from, for reports: a
+#: caller-profile failure is one vLLM can build, a contract one maybe not.
+POLICY_SPACES = {
+    "caller": "caller profile: policies drawn from what the release's config builds",
+    "contract": "contract profile: policies drawn from every valid table",
+}
 #: How a rank's batch came about; for people reading a counterexample.
 BATCH_KINDS = (
     "decode",
