@@ -27,7 +27,7 @@ from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
 from dpsim.scenarios import PROFILES, SCENARIOS
-from dpsim.targets import DEFAULT_RELEASE, load_target
+from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
 
 HELP = "run the property suite against a target (the main job)"
@@ -137,15 +137,16 @@ def run(arguments: argparse.Namespace) -> int:
     parse_ranks(arguments.ranks)
     check_output_directory(Path(arguments.out), "--out")
     allowance = allowances.from_arguments(arguments)
+    spec = parse_target(arguments.vllm, arguments.target)
     return run_isolated(
-        lambda: _check(arguments), allowance=allowance, json_errors=arguments.json
+        lambda: _check(arguments, spec), allowance=allowance, json_errors=arguments.json
     )
 
 
-def _check(arguments: argparse.Namespace) -> int:
+def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
     """The check itself, in the child :func:`run_isolated` forks."""
     with prints_to_stderr():
-        target = load_target(arguments.vllm, arguments.target)
+        target = load_spec(spec)
         options = CheckOptions(
             scenarios=tuple(dict.fromkeys(arguments.scenario)),
             properties=tuple(dict.fromkeys(arguments.property)),
