@@ -397,13 +397,28 @@ def test_a_module_loaded_now_but_not_recorded_is_refused(
     idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     data = json.loads(idle_hang_file.read_text())
-    del data["target"]["files"]["vllm.config.compilation"]
+    del data["target"]["files"]["vllm.utils.math_utils"]
     idle_hang_file.write_text(json.dumps(data))
     assert main(["replay", str(idle_hang_file)]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "dpsim: error: the counterexample's target changed: vllm.config.compilation: "
+        "dpsim: error: the counterexample's target changed: vllm.utils.math_utils: "
         "loaded now, not recorded; pass --vllm/--target explicitly to run it "
         "anyway: that is how a fix is verified"
+    )
+
+
+def test_a_record_without_the_modules_every_target_runs_is_refused_before_loading(
+    idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(idle_hang_file.read_text())
+    data["target"]["files"] = {}
+    idle_hang_file.write_text(json.dumps(data))
+    assert main(["replay", str(idle_hang_file)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        "dpsim: error: the counterexample's target changed: "
+        "vllm.v1.worker.gpu.dp_utils: executed by every target, not recorded "
+        "(and 2 more); pass --vllm/--target"
     )
 
 

@@ -18,9 +18,16 @@ from pathlib import Path
 
 from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
-from dpsim.targets.load import source_paths
+from dpsim.targets.load import (
+    COMPILATION_MODULE,
+    CUDAGRAPH_MODULE,
+    DP_UTILS_MODULE,
+    source_paths,
+)
 from dpsim.targets.spec import TargetSpec, parse_target
 from dpsim.terminal import printable
+
+ALWAYS_LOADED = (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
 
 #: How to go on when the recorded sources differ: said in every refusal.
 PROCEED = (
@@ -84,7 +91,12 @@ def check_recorded_sources(counterexample: Counterexample, chosen: Chosen) -> No
         return
     recorded: dict[str, str] = counterexample.target["files"]
     spec = _recorded(chosen)
-    changed = []
+    # Every target executes these; a record without them checks nothing.
+    changed = [
+        f"{module}: executed by every target, not recorded"
+        for module in ALWAYS_LOADED
+        if module not in recorded
+    ]
     for module, path in sorted(source_paths(spec, recorded).items()):
         if path is None:
             changed.append(f"{module}: recorded, but {spec} has no such file now")
