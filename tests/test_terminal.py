@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from dpsim.properties.base import Verdict
 from dpsim.report import table
 from dpsim.sim import render_table, simulate
 from dpsim.terminal import printable
@@ -56,3 +57,10 @@ def test_a_ranks_exception_message_is_shown_escaped_in_the_rank_table() -> None:
 def test_table_cells_are_shown_escaped() -> None:
     rendered = table(("rank", "backend said"), [("0", HOSTILE)])
     assert _controls(rendered) == set() and len(rendered.splitlines()) == 3
+
+
+def test_a_verdict_prints_its_message_escaped_and_keeps_it_whole() -> None:
+    verdict = Verdict("no-error", "step 0", (1,), f"rank 1 raised {HOSTILE}")
+    assert _controls(str(verdict)) == set()
+    assert str(verdict).startswith("no-error at step 0: rank 1 raised \\x1b[2J\\r")
+    assert verdict.to_dict()["message"] == f"rank 1 raised {HOSTILE}"

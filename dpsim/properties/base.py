@@ -18,6 +18,7 @@ from dpsim.scenarios.case import Case
 from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import DP_CPU_GROUP, DP_DEVICE_GROUP, SimResult
+from dpsim.terminal import printable
 
 DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
 
@@ -41,8 +42,10 @@ class Verdict:
         object.__setattr__(self, "ranks", tuple(sorted(set(self.ranks))))
 
     def __str__(self) -> str:
+        # Messages quote a target's own text (an exception message): escaped,
+        # so every report that prints a verdict shows it safely.
         where = f" at {self.phase}" if self.phase else ""
-        return f"{self.property}{where}: {self.message}"
+        return printable(f"{self.property}{where}: {self.message}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
