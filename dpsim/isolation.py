@@ -83,7 +83,11 @@ def run_isolated(
         os.close(reading)
     status = _wait(pid)
     sent = _decode(data)
-    if sent is None:
+    if sent is None and _signal(status) == signal.SIGINT:
+        # Ctrl-C, the second one (the first lets the child report): no error.
+        code, error = EXIT_INTERRUPTED, "interrupted"
+        stdout, stderr = "", "dpsim: interrupted\n"
+    elif sent is None:
         code, error = EXIT_NO_VERDICT, died(status, allowance)
         stdout, stderr = "", f"dpsim: error: {error}\n"
     else:
@@ -105,10 +109,14 @@ def prints_to_stderr() -> Iterator[None]:
         yield
 
 
+def _signal(status: int) -> int | None:
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+
+
 def died(status: int, allowance: Allowance) -> str:
     """Why a child that sent nothing ended, from its wait status, in one line."""
-    if os.WIFSIGNALED(status):
-        number = os.WTERMSIG(status)
+    number = _signal(status)
+    if number is not None:
         if number == signal.SIGXCPU:
             return (
                 f"the target used more than its CPU allowance ({allowance.cpu_seconds} s "

@@ -203,6 +203,18 @@ def test_a_killed_child_is_reported_not_passed(
     assert "killed by SIGKILL" in json.loads(captured.out)["message"]
 
 
+def test_a_child_ended_by_a_second_ctrl_c_is_interrupted_not_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def second_ctrl_c() -> int:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        return 0
+
+    assert run_isolated(second_ctrl_c, allowance=GENEROUS) == 130
+    assert capsys.readouterr().err == "dpsim: interrupted\n"
+
+
 def test_the_childs_report_and_status_come_back(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
