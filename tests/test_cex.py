@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from dpsim import cex
+from dpsim import cex, limits
 from dpsim.cex import files
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
@@ -528,3 +528,76 @@ def test_every_counterexample_dpsim_writes_is_read_back_and_replays(
         files.recorded_rerun(read)
     )
     assert compare(read, rerun) == (REPRODUCED if verdicts else HOLDS)
+
+
+# -- bounds shared with policies, workloads and flags (dpsim.limits) ----------------
+
+_BATCH = ("case", "steps", 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (
+            (*_BATCH, "num_tokens"),
+            2**62,
+            f"case.steps[0][0].num_tokens must be at most {limits.MAX_INT:,}, "
+            f"got {2**62}",
+        ),
+        (
+            (*_BATCH, "num_reqs"),
+            limits.MAX_INT + 1,
+            f"case.steps[0][0].num_reqs must be at most {limits.MAX_INT:,}, "
+            f"got {limits.MAX_INT + 1}",
+        ),
+        (
+            (*_BATCH, "num_tokens"),
+            "12",
+            "case.steps[0][0].num_tokens must be an integer >= 0, got '12'",
+        ),
+        (
+            ("case", "dp_size"),
+            limits.MAX_RANKS + 1,
+            f"case.dp_size must be at most {limits.MAX_RANKS:,}, "
+            f"got {limits.MAX_RANKS + 1}",
+        ),
+        (
+            ("case", "num_speculative_steps"),
+            limits.MAX_SPECULATIVE_TOKENS + 1,
+            "case.num_speculative_steps must be at most "
+            f"{limits.MAX_SPECULATIVE_TOKENS}, got {limits.MAX_SPECULATIVE_TOKENS + 1}",
+        ),
+        (
+            # Within the file's generic integer bound, above a capture size's.
+            ("case", "policy", "capture_sizes"),
+            [1, 10**8],
+            "malformed case: capture_sizes: every size must be at most "
+            f"{limits.MAX_CAPTURE_SIZE:,}, got {10**8}",
+        ),
+        (
+            ("case", "policy", "max_num_seqs"),
+            10**8,
+            f"malformed case: max_num_seqs: must be at most {limits.MAX_NUM_SEQS:,}, "
+            f"got {10**8}",
+        ),
+    ],
+)
+def test_a_counterexamples_numbers_are_bounded_by_the_shared_limits(
+    where: tuple[Any, ...],
+    value: Any,
+    message: str,
+    valid: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    data = json.loads(json.dumps(valid))
+    node: Any = data
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"dpsim: error: {path}: ")
+    assert err.endswith(f": {message}\n") and err.count("\n") == 1

@@ -13,19 +13,24 @@ import re
 from typing import Any
 
 from dpsim.errors import UsageError
+from dpsim.limits import (
+    MAX_CAPTURE_ENTRIES,
+    MAX_INT,
+    MAX_RANKS,
+    MAX_SPECULATIVE_TOKENS,
+    int_problem,
+)
 from dpsim.scenarios.case import BATCH_KINDS, PROFILES
 from dpsim.scenarios.programs import SCENARIOS
 from dpsim.sim.trace import Outcome
 
-#: Bounds well above anything a real case needs, and low enough that a
-#: replay of the biggest allowed case still ends in seconds.
-MAX_RANKS = 1024
+#: Bounds of a counterexample's own shape, well above anything a real case
+#: needs and low enough that a replay of the biggest allowed case still ends
+#: in seconds; bounds shared with policies, workloads and flags (ranks,
+#: counts, list lengths) are in :mod:`dpsim.limits`.
 MAX_STEPS = 256
-MAX_SPECULATIVE_STEPS = 64
 MAX_CHOICES = 10_000_000
-MAX_INT = 2**31 - 1
 MAX_TEXT = 4096
-MAX_CAPTURE_ENTRIES = 1024
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -62,12 +67,10 @@ def sequence(value: Any, where: str, limit: int) -> list[Any]:
 
 
 def integer(value: Any, where: str, low: int = 0, high: int = MAX_INT) -> int:
-    # bool is an int subclass; true as a token count is a broken file.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise Malformed(f"{where} must be an integer, got {_kind(value)}")
-    if not low <= value <= high:
-        raise Malformed(f"{where} = {value} is outside {low}..{high}")
-    return value
+    problem = int_problem(value, low, high)
+    if problem is not None:
+        raise Malformed(f"{where} {problem}")
+    return int(value)
 
 
 def text(value: Any, where: str) -> str:
@@ -126,7 +129,7 @@ def case(value: Any) -> dict[str, Any]:
         data.get("num_speculative_steps", 0),
         "case.num_speculative_steps",
         0,
-        MAX_SPECULATIVE_STEPS,
+        MAX_SPECULATIVE_TOKENS,
     )
     steps = sequence(required(data, "steps", "case"), "case.steps", MAX_STEPS)
     if not steps:
