@@ -24,9 +24,10 @@ from dpsim.targets.load import (
     DP_UTILS_MODULE,
     source_paths,
 )
-from dpsim.targets.spec import TargetSpec, parse_target
+from dpsim.targets.spec import RELEASE_PATTERN, TargetSpec, parse_target
 from dpsim.terminal import printable
 
+#: Modules every target executes: a record must hash them.
 ALWAYS_LOADED = (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
 
 #: How to go on when the recorded sources differ: said in every refusal.
@@ -67,7 +68,9 @@ def choose(
     recorded_vllm, recorded_file = recorded_spec(counterexample)
     overridden = vllm is not None or target_file is not None
     unasked = []
-    if vllm is None and counterexample.target["spec"]["kind"] == "tree":
+    # Whatever kind the file claims, a base that is not a release number is
+    # read as a path (see parse_base), so that is what decides.
+    if vllm is None and not RELEASE_PATTERN.match(recorded_vllm.strip()):
         unasked.append(recorded_vllm)
     if not overridden:
         if recorded_file is not None:
