@@ -64,3 +64,13 @@ def test_a_verdict_prints_its_message_escaped_and_keeps_it_whole() -> None:
     assert _controls(str(verdict)) == set()
     assert str(verdict).startswith("no-error at step 0: rank 1 raised \\x1b[2J\\r")
     assert verdict.to_dict()["message"] == f"rank 1 raised {HOSTILE}"
+
+
+def test_a_one_line_error_quoting_a_path_is_shown_escaped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dpsim.cli import main
+
+    assert main(["check", "--target", "gone\x1b[2J\r.py"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == "dpsim: error: --target gone\\x1b[2J\\r.py: no such file"

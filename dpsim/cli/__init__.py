@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from dpsim.errors import UsageError
+from dpsim.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 #: 128 + SIGPIPE: what a shell reports for a writer whose reader went away.
@@ -91,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         return int(arguments.run(arguments))
     except UsageError as error:
-        print(f"dpsim: error: {error}", file=sys.stderr)
+        # A message may quote a path or a file's content: escaped, it stays
+        # one line and cannot drive the terminal.
+        print(f"dpsim: error: {printable(error)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("dpsim: interrupted", file=sys.stderr)
