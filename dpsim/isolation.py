@@ -82,8 +82,8 @@ def run_isolated(
     finally:
         os.close(reading)
     status = _wait(pid)
-    sent = _decode(data)
-    if sent is None and _signal(status) == signal.SIGINT:
+    sent = None if data is None else _decode(data)
+    if data is None or (sent is None and _signal(status) == signal.SIGINT):
         # Ctrl-C, the second one (the first lets the child report): no error.
         code, error = EXIT_INTERRUPTED, "interrupted"
         stdout, stderr = "", "dpsim: interrupted\n"
@@ -209,7 +209,8 @@ def _send(writing: int, data: bytes) -> None:
 # -- the parent --------------------------------------------------------------
 
 
-def _read_all(reading: int, pid: int) -> bytes:
+def _read_all(reading: int, pid: int) -> bytes | None:
+    """All the child sends; None if a second Ctrl-C made the parent kill it."""
     chunks: list[bytes] = []
     interrupted = False
     while True:
@@ -218,8 +219,7 @@ def _read_all(reading: int, pid: int) -> bytes:
         except KeyboardInterrupt:
             if interrupted:
                 os.kill(pid, signal.SIGKILL)
-                _wait(pid)
-                raise
+                return None
             interrupted = True
             continue
         if not chunk:
