@@ -286,6 +286,13 @@ def test_ranks_above_the_maximum_are_refused() -> None:
         parse_ranks("2..1025")
 
 
+def test_bench_refuses_ranks_above_the_maximum(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--vllm", "/nonexistent", "--ranks", "1025"]) == 2
+    assert "--ranks 1025: at most 1,024 ranks" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

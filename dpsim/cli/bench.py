@@ -9,6 +9,7 @@ from typing import Any
 from dpsim import bench
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
+from dpsim.limits import MAX_RANKS
 from dpsim.targets import load_target
 
 HELP = "measure simulator overhead, check throughput and time to counterexample"
@@ -30,7 +31,11 @@ def register(commands: Any) -> None:
     parser = add_command(commands, "bench", HELP, EPILOG)
     parser.add_argument("--vllm", default="0.29.0", metavar="SPEC")
     parser.add_argument(
-        "--ranks", type=int, action="append", metavar="N", help="DP sizes (repeatable)"
+        "--ranks",
+        type=int,
+        action="append",
+        metavar="N",
+        help=f"DP sizes (repeatable; at most {MAX_RANKS:,})",
     )
     parser.add_argument(
         "--rounds", type=int, metavar="N", help="simulated rounds per size"
@@ -51,6 +56,8 @@ def run(arguments: argparse.Namespace) -> int:
     )
     if arguments.ranks and any(ranks < 1 for ranks in arguments.ranks):
         raise UsageError("--ranks must be at least 1")
+    if arguments.ranks and max(arguments.ranks) > MAX_RANKS:
+        raise UsageError(f"--ranks {max(arguments.ranks)}: at most {MAX_RANKS:,} ranks")
     target = load_target(arguments.vllm)
     results: list[dict[str, Any]] = []
     if "sim" in measures:
