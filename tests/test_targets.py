@@ -326,6 +326,28 @@ def _entries(cache: Path) -> list[str]:
     return sorted(p.name for p in releases.iterdir() if not p.name.endswith(".lock"))
 
 
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        ("X = 1\nreturn X\n", "'return' outside function"),
+        ("X = 1\nnonlocal Y\n", "nonlocal declaration not allowed at module level"),
+        ("yield 1\n", "'yield' outside function"),
+    ],
+)
+def test_a_file_that_parses_but_does_not_compile_is_one_line(
+    source: str,
+    reason: str,
+    write_module: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    broken = write_module("dp_utils.py", source)
+    line = source.count("\n")
+    assert main(["targets", "--target", str(broken), "--vllm", "0.29.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dpsim: error: {broken}:{line}: cannot compile ({reason}")
+    assert len(err.splitlines()) == 1
+
+
 def test_an_edited_release_in_the_cache_never_runs_under_its_name(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -357,3 +379,20 @@ def test_an_edited_release_in_the_cache_never_runs_under_its_name(
 
 def _no_download(version: str, into: Path) -> Path:
     raise AssertionError(f"vllm {version} must not be downloaded here")
+
+
+def test_a_tree_whose_lenient_module_does_not_compile_is_refused(
+    tmp_path: Path, release_file: Callable[[str, str], Path]
+) -> None:
+    # Lenient loading forgives missing dependencies, not a file that is no module.
+    tree = tmp_path / "checkout"
+    shutil.copytree(release_file("0.29.0", ""), tree / "vllm")
+    compilation = tree / "vllm" / "config" / "compilation.py"
+    source = compilation.read_text()
+    compilation.write_text(source + "return None\n")
+    line = source.count("\n") + 1
+    with pytest.raises(TargetError) as refused:
+        load_target(str(tree))
+    assert str(refused.value) == (
+        f"{compilation}:{line}: cannot compile ('return' outside function)"
+    )

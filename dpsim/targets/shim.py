@@ -341,7 +341,7 @@ class ModuleLoader:
     def _run_strictly(
         self, module: types.ModuleType, tree: ast.Module, path: Path
     ) -> None:
-        code = compile(tree, str(path), "exec", dont_inherit=True)
+        code = _compile(tree, path)
         try:
             exec(code, module.__dict__)
         except TargetError:
@@ -360,7 +360,7 @@ class ModuleLoader:
         flags = _future_flags(tree)
         for statement in tree.body:
             unit = ast.Module(body=[statement], type_ignores=[])
-            code = compile(unit, str(path), "exec", flags=flags, dont_inherit=True)
+            code = _compile(unit, path, flags)
             try:
                 exec(code, module.__dict__)
             except SystemExit as error:
@@ -406,6 +406,21 @@ class ModuleLoader:
             found = ShimModule(name, self)
             self._modules[name] = found
         return found
+
+
+def _compile(tree: ast.Module, path: Path, flags: int = 0) -> types.CodeType:
+    """Compile a parsed module; refuse one that parses but cannot compile.
+
+    ``ast.parse`` accepts ``return`` or ``yield`` outside a function and a
+    module-level ``nonlocal``; only ``compile`` rejects them, and even a
+    lenient module is then not the file it claims to be.
+    """
+    try:
+        return compile(tree, str(path), "exec", flags=flags, dont_inherit=True)
+    except SyntaxError as error:
+        raise TargetError(
+            f"{path}:{error.lineno}: cannot compile ({error.msg})"
+        ) from error
 
 
 def _absolute(name: str, globals: Mapping[str, Any], level: int) -> str:
