@@ -25,7 +25,9 @@ __all__ = [
     "MAX_RANKS",
     "MAX_RANK_STEPS",
     "MAX_SPECULATIVE_TOKENS",
+    "MAX_TRACE_BYTES",
     "MAX_UBATCHES",
+    "MAX_WORKLOAD_REQUESTS",
     "int_problem",
     "shown",
 ]
@@ -78,10 +80,19 @@ MAX_DECODE_QUERY_LEN = 1 + MAX_SPECULATIVE_TOKENS
 #: builds per-micro-batch lists and loops.
 MAX_UBATCHES = 64
 
-#: Workload steps times DP ranks held in memory at once (``--steps`` at a
-#: ``--ranks`` size, or a trace's lines times its ranks). A rank's step holds
-#: up to max_num_seqs query lengths; the default 200 steps at DP 16 is 3,200.
-MAX_RANK_STEPS = 2**18
+#: Workload steps times DP ranks (``--steps`` at a ``--ranks`` size, or a
+#: trace's lines times its ranks): each is one sync per policy to simulate,
+#: and each is held in memory with up to max_num_seqs query lengths (a
+#: built-in workload's rank has at most 257). The default 200 steps at DP 16
+#: is 3,200.
+MAX_RANK_STEPS = 2**16
+
+#: Requests (query lengths) one workload holds in all, about 8 bytes each.
+MAX_WORKLOAD_REQUESTS = 2**24
+
+#: A trace file's size, read whole before it is parsed: a request takes two
+#: or three characters ("1, "), so this leaves room for MAX_WORKLOAD_REQUESTS.
+MAX_TRACE_BYTES = 2**27
 
 
 def int_problem(value: object, low: int, high: int) -> str | None:

@@ -11,6 +11,7 @@ from random import Random
 
 import pytest
 
+from dpsim import limits
 from dpsim.capture.policy import CapturePolicy
 from dpsim.cli import main
 from dpsim.costs import (
@@ -24,7 +25,7 @@ from dpsim.costs import (
 )
 from dpsim.costs.figures import nearest_rank
 from dpsim.costs.suggest import best_sizes
-from dpsim.costs.workload import BUILTIN_WORKLOADS, parse_trace
+from dpsim.costs.workload import BUILTIN_WORKLOADS, decode_query_len_for, parse_trace
 from dpsim.targets import load_target
 
 # -- figures, by hand ----------------------------------------------------------
@@ -160,18 +161,28 @@ def test_trace_forms(tmp_path: Path) -> None:
     workload = parse_trace(lines, "t.jsonl")
     assert workload.dp_size == 3
     assert workload.from_trace
-    # The all-idle step is dropped; 7 tokens over 3 requests: 2, 2, 3.
+    # The all-idle step is kept and counted; 7 tokens over 3 requests: 2, 2, 3.
     assert workload.steps == (
         ((1, 1, 1), (1, 1, 37), ()),
         ((1, 1), (2, 2, 3), ()),
+        ((), (), ()),
     )
-    # Dealt two to a step, in order: rank batches keep their order.
+    assert workload.working_steps == workload.steps[:2]
+    assert workload.idle_steps == 1
+    assert workload.idle_note == (
+        "t.jsonl at DP 3: 1 of 3 steps had every rank idle; vLLM does not step "
+        "then, so they are counted here and not run"
+    )
+    # Dealt two to a step, in order: rank batches keep their order, the idle
+    # ones included.
     dealt = workload.at_dp_size(2)
     assert dealt.steps == (
         ((1, 1, 1), (1, 1, 37)),
         ((), (1, 1)),
         ((2, 2, 3), ()),
+        ((), ()),
     )
+    assert dealt.idle_steps == 1
 
 
 @pytest.mark.parametrize(
@@ -182,7 +193,7 @@ def test_trace_forms(tmp_path: Path) -> None:
         ('{"ranks": [[1]]}', "t.jsonl:2: 1 ranks, but earlier steps have 2"),
         (
             '{"ranks": [[1], [0]]}',
-            "t.jsonl:2: rank 1: query lengths must be integers >= 1",
+            "t.jsonl:2: rank 1: query lengths: each must be an integer >= 1, got 0",
         ),
         ('{"ranks": [[1], "x"]}', "t.jsonl:2: rank 1: a rank is a list"),
         (
@@ -215,12 +226,206 @@ def test_trace_without_work_and_missing_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", BUILTIN_WORKLOADS)
 def test_builtin_workloads_are_seeded_and_capped(name: str) -> None:
-    first = builtin_workload(name, 4, 30, seed=1, max_reqs=16)
-    assert first == builtin_workload(name, 4, 30, seed=1, max_reqs=16)
-    assert first != builtin_workload(name, 4, 30, seed=2, max_reqs=16)
+    q = 4 if name == "spec-decode" else 1
+    first = builtin_workload(name, 4, 30, seed=1, max_reqs=16, decode_query_len=q)
+    assert first == builtin_workload(
+        name, 4, 30, seed=1, max_reqs=16, decode_query_len=q
+    )
+    assert first != builtin_workload(
+        name, 4, 30, seed=2, max_reqs=16, decode_query_len=q
+    )
+    assert len(first.steps) == 30
     assert all(len(step) == 4 for step in first.steps)
     assert all(len(lengths) <= 16 for step in first.steps for lengths in step)
-    assert all(any(step) for step in first.steps)
+    assert first.working_steps
+
+
+# -- workload bounds, spec-decode's decode length, all-idle steps ----------------
+
+
+def _trace_error(lines: list[str]) -> str:
+    with pytest.raises(WorkloadError) as error:
+        parse_trace(lines, "t.jsonl")
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 300
+    return message
+
+
+@pytest.mark.parametrize(
+    ("rank", "message"),
+    [
+        # Refused before a list of a billion lengths is built.
+        (
+            '{"num_reqs": 1000000000, "num_tokens": 1000000000}',
+            f"num_reqs must be at most {limits.MAX_NUM_SEQS:,}, got 1000000000",
+        ),
+        (
+            '{"num_reqs": 1, "num_tokens": 4611686018427387904}',
+            f"num_tokens must be at most {limits.MAX_INT:,}, got 4611686018427387904",
+        ),
+        (
+            json.dumps([1] * (limits.MAX_NUM_SEQS + 1)),
+            f"{limits.MAX_NUM_SEQS + 1:,} requests; at most {limits.MAX_NUM_SEQS:,}",
+        ),
+        (
+            "[2147483647, 2147483647]",
+            f"4,294,967,294 tokens; at most {limits.MAX_INT:,} per rank",
+        ),
+        (
+            f"[{2**100}]",
+            f"query lengths: each must be at most {limits.MAX_INT:,}, got an integer "
+            "of 101 bits",
+        ),
+    ],
+)
+def test_trace_counts_are_bounded(rank: str, message: str) -> None:
+    got = _trace_error([f'{{"ranks": [[1], {rank}]}}'])
+    assert got.startswith(f"t.jsonl:1: rank 1: {message}")
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"ranks": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+        ('{"ranks": [[' + "9" * 5000 + "]]}", "invalid JSON: Exceeds the limit"),
+        (
+            json.dumps({"ranks": [[1]] * (limits.MAX_RANKS + 1)}),
+            f"{limits.MAX_RANKS + 1:,} ranks; at most {limits.MAX_RANKS:,}",
+        ),
+    ],
+)
+def test_unreadable_trace_lines_are_one_line(line: str, message: str) -> None:
+    assert _trace_error([line]).startswith(f"t.jsonl:1: {message}")
+
+
+def test_a_trace_is_bounded_in_steps_requests_and_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpsim.costs import workload as module
+
+    # Small stand-ins for the limits, so the test stays cheap.
+    monkeypatch.setattr(module, "MAX_RANK_STEPS", 4)
+    message = _trace_error(['{"ranks": [[1], [1]]}'] * 3)
+    assert message == (
+        "t.jsonl:3: 3 steps of 2 ranks are 6 rank batches; at most 4 "
+        "(every rank's batch of every step is held in memory)"
+    )
+    monkeypatch.setattr(module, "MAX_WORKLOAD_REQUESTS", 5)
+    message = _trace_error(['{"ranks": [[1, 1], [1, 1, 1, 1]]}'])
+    assert message == "t.jsonl:1: 6 requests so far; a workload holds at most 5"
+    monkeypatch.setattr(module, "MAX_TRACE_BYTES", 10)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"ranks": [[1], [1]]}\n')
+    with pytest.raises(WorkloadError) as error:
+        resolve_workload(str(trace), 2, 10, 0)
+    assert str(error.value) == f"{trace}: 22 bytes; a trace file is at most 10"
+
+
+def test_a_non_utf8_trace_is_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(b'{"ranks": [[1]]}\n# caf\xe9\n')
+    with pytest.raises(WorkloadError, match=r"^.*t\.jsonl: cannot read: 'utf-8'"):
+        resolve_workload(str(trace), 1, 10, 0)
+
+
+def test_builtin_steps_times_ranks_are_bounded() -> None:
+    most = limits.MAX_RANK_STEPS
+    assert len(builtin_workload("bursty", 1, most).steps) == most
+    with pytest.raises(WorkloadError) as error:
+        builtin_workload("decode-heavy", 16, 100_000)
+    assert str(error.value) == (
+        "decode-heavy: 100,000 steps at DP 16 are 1,600,000 rank batches; at most "
+        f"{most:,} (every rank's batch of every step is held in memory)"
+    )
+
+
+def test_spec_decode_follows_the_policies_decode_length() -> None:
+    for q in (2, 3, 7):
+        workload = builtin_workload("spec-decode", 2, 40, decode_query_len=q)
+        assert workload.name == f"spec-decode (decodes of {q} tokens)"
+        # Every request below a prefill chunk (>= 16 tokens) is one decode of q.
+        decodes = {n for step in workload.steps for rank in step for n in rank}
+        assert {n for n in decodes if n < 16} == {q}
+    with pytest.raises(WorkloadError, match="but theirs is 1; give policies with"):
+        builtin_workload("spec-decode", 2, 40, decode_query_len=1)
+    assert decode_query_len_for("spec-decode", {"a": 4, "b": 4}) == 4
+    assert decode_query_len_for("decode-heavy", {"a": 1, "b": 4}) == 1
+    with pytest.raises(WorkloadError) as error:
+        decode_query_len_for("spec-decode", {"a": 1, "b": 4})
+    assert str(error.value) == (
+        "spec-decode decodes the policies' decode_query_len tokens per request, "
+        "but theirs differ (a 1, b 4); compare policies of one decode length, "
+        "or give a trace"
+    )
+
+
+def test_a_window_of_only_idle_steps_is_refused(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"ranks": [[], []]}\n{"ranks": [[1], []]}\n')
+    with pytest.raises(WorkloadError) as error:
+        resolve_workload(str(trace), 2, 1, 0)
+    assert str(error.value) == (
+        f"{trace}: every rank is idle in all 1 steps at DP 2; nothing to measure"
+    )
+    assert resolve_workload(str(trace), 2, 2, 0).idle_steps == 1
+
+
+@pytest.mark.parametrize(
+    ("policies", "extra", "message"),
+    [
+        ([1], ["--ranks", "2000"], "--ranks '2000': at most 1,024 ranks"),
+        (
+            [1],
+            ["--steps", "100000"],
+            "decode-heavy: 100,000 steps at DP 4 are 400,000 rank batches",
+        ),
+        ([1], ["--workload", "spec-decode"], "but theirs is 1; give policies"),
+        ([1, 4], ["--workload", "spec-decode"], "but theirs differ (p0 1, p1 4)"),
+    ],
+)
+def test_validate_refuses_oversized_or_mismatched_workloads_before_loading(
+    policies: list[int],
+    extra: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    paths = []
+    for index, q in enumerate(policies):
+        path = tmp_path / f"p{index}.toml"
+        path.write_text(f"capture_sizes = [1, 2, 4]\ndecode_query_len = {q}\n")
+        paths.append(str(path))
+    # A release that does not exist: the refusal comes before any target loads.
+    arguments = ["policy", "validate", *paths, "--vllm", "no-such-release"]
+    assert main([*arguments, "--examples", "0", *extra]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("dpsim: error: ") and message in error
+    assert error.count("\n") == 1
+
+
+def test_policy_show_bounds_dp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text("capture_sizes = [1]\n")
+    assert main(["policy", "show", str(path), "--dp", "5000"]) == 2
+    assert capsys.readouterr().err == (
+        "dpsim: error: --dp must be at most 1,024, got 5000\n"
+    )
+
+
+@pytest.mark.release
+def test_all_idle_steps_are_counted_in_the_comparison_not_run() -> None:
+    from dpsim.costs import NamedPolicy, compare
+
+    target = load_target("0.33.0")
+    policy = CapturePolicy(capture_sizes=(1, 2, 4, 8), max_num_seqs=16)
+    workload = Workload("hand", (((1, 1), (1,)), ((), ()), ((1,), ())))
+    measured = measure(target, policy, workload)
+    assert (len(measured.steps), measured.unfinished) == (2, 0)
+    comparison = compare(target, [NamedPolicy("p", policy, "p.toml")], [workload])
+    assert comparison.costs[0][0].steps == 2
+    assert workload.idle_note in comparison.notes
 
 
 # -- the command -------------------------------------------------------------------
@@ -339,6 +544,6 @@ def test_validate_bad_trace_names_file_and_line(
     trace.write_text('{"ranks": [[1], [1]]}\n{"ranks": [[1], [-3]]}\n')
     arguments = ["policy", "validate", str(policy), "--workload", str(trace)]
     assert main([*arguments, "--examples", "0", "--vllm", "0.33.0"]) == 2
-    assert f"{trace}:2: rank 1: query lengths must be integers >= 1" in (
+    assert f"{trace}:2: rank 1: query lengths: each must be an integer >= 1" in (
         capsys.readouterr().err
     )

@@ -37,8 +37,9 @@ from dpsim.costs.compare import NothingMeasured
 from dpsim.costs.report import comparison_dict, render_comparison
 from dpsim.costs.safety import SafetyRun, check_policy
 from dpsim.costs.suggest import suggest_policy
-from dpsim.costs.workload import trace_path
+from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
+from dpsim.limits import MAX_RANKS, int_problem
 from dpsim.report import describe_policy
 from dpsim.scenarios import PROFILES
 from dpsim.scenarios.run import PolicyRefused, manager_for, tables_for
@@ -78,6 +79,9 @@ def register(commands: Any) -> None:
 
 
 def run_show(arguments: argparse.Namespace) -> int:
+    problem = int_problem(arguments.dp, 1, MAX_RANKS)
+    if problem is not None:
+        raise UsageError(f"--dp {problem}")
     policy = load_policy(Path(arguments.policy))
     target = load_target(arguments.vllm)
     print(render_tables(target, policy, arguments.dp))
@@ -222,6 +226,8 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
         ) from None
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--ranks {text!r}: every DP size must be >= 1")
+    if max(sizes) > MAX_RANKS:
+        raise UsageError(f"--ranks {text!r}: at most {MAX_RANKS:,} ranks")
     return sizes
 
 
@@ -248,8 +254,13 @@ def _workloads(
     else:
         sizes = (load_trace(trace_path(spec)).dp_size,)
     max_reqs = min(named.policy.max_num_seqs for named in policies)
+    query_len = decode_query_len_for(
+        spec, {named.name: named.policy.decode_query_len for named in policies}
+    )
     return [
-        resolve_workload(spec, size, arguments.steps, arguments.seed, max_reqs)
+        resolve_workload(
+            spec, size, arguments.steps, arguments.seed, max_reqs, query_len
+        )
         for size in sizes
     ]
 
@@ -260,10 +271,11 @@ def _suggested(
     query_len = base.policy.decode_query_len
     # Every rank of a graph step pads to the graph covering the step's
     # largest batch; an idle rank's batch is vLLM's dummy of one decode.
+    # Steps where every rank is idle are not run (see Workload.working_steps).
     batch_sizes = [
         (max(sum(lengths) or query_len for lengths in step), workload.dp_size)
         for workload in workloads
-        for step in workload.steps
+        for step in workload.working_steps
     ]
     dp_size = workloads[0].dp_size
 
@@ -343,8 +355,9 @@ def run_validate(arguments: argparse.Namespace) -> int:
     if arguments.suggest is not None and arguments.suggest < 1:
         raise UsageError("--suggest: the budget must be at least 1 graph")
     policies = _named_policies(arguments.policies)
-    target = load_target(arguments.vllm, arguments.target)
+    # Before the target loads: a workload refused is refused at once.
     workloads = _workloads(arguments, policies)
+    target = load_target(arguments.vllm, arguments.target)
     if arguments.suggest is not None:
         policies.append(_suggested(target, policies[0], workloads, arguments.suggest))
     dp_sizes = tuple(workload.dp_size for workload in workloads)

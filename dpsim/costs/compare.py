@@ -132,6 +132,8 @@ def compare(
             row_steps.append(measured.steps)
         costs.append(tuple(row_costs))
         steps.append(tuple(row_steps))
+        if workload.idle_note is not None:
+            notes.append(workload.idle_note)
     return Comparison(
         target=target.label,
         workload=workloads[0].name if workloads else "",

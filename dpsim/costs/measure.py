@@ -71,17 +71,22 @@ class Measured:
 
 
 def measure(target: Target, policy: CapturePolicy, workload: Workload) -> Measured:
-    """Run every step of ``workload`` under ``policy``; raises PolicyRefused."""
+    """Run every working step of ``workload`` under ``policy``; raises PolicyRefused.
+
+    Steps where every rank is idle are not run, as vLLM does not step then;
+    the workload counts them (``Workload.idle_steps``).
+    """
     model = CallerModel.of(target)
+    working = workload.working_steps
     batches = tuple(
         tuple(rank_batch(model, policy, lengths) for lengths in step)
-        for step in workload.steps
+        for step in working
     )
     case = Case(scenario="step", profile="caller", policy=policy, steps=batches)
     result = run_case(target, case)
     finished = {phase.name: phase for phase in Evidence(case, result).complete_phases}
     observed = []
-    for index, step in enumerate(workload.steps):
+    for index, step in enumerate(working):
         phase = finished.get(f"step {index}")
         if phase is None:
             continue
@@ -95,9 +100,7 @@ def measure(target: Target, policy: CapturePolicy, workload: Workload) -> Measur
                 ran=tuple(int(descriptor["num_tokens"]) for descriptor in descriptors),
             )
         )
-    return Measured(
-        tuple(observed), len(workload.steps) - len(observed), str(result.outcome)
-    )
+    return Measured(tuple(observed), len(working) - len(observed), str(result.outcome))
 
 
 def graph_count(target: Target, policy: CapturePolicy, dp_size: int) -> int:
