@@ -109,6 +109,21 @@ def test_os_exit_0_in_the_sync_is_an_error_never_a_pass(
 
 
 @pytest.mark.release
+def test_a_replay_whose_target_ends_the_process_is_an_error_never_holds(
+    check: Callable, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert check(injected("sys.exit(0)")) == 1
+    capsys.readouterr()
+    (found,) = (tmp_path / "out").glob("*.json")
+    exits = tmp_path / "exits.py"
+    exits.write_text(injected("os._exit(0)"))
+    assert main(["replay", str(found), "--target", str(exits), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdict"] == "error"
+    assert "(os._exit/exit status 0)" in captured.err
+
+
+@pytest.mark.release
 def test_system_exit_at_import_is_a_one_line_target_error(
     check: Callable, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

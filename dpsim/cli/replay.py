@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsim import cex
+from dpsim import allowances, cex
 from dpsim.cli import add_command
 from dpsim.cli.check import add_target_arguments
+from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.properties import Evidence
 from dpsim.replay import (
     BACKENDS,
     HOLDS,
     REPRODUCED,
     SAME_VERDICTS,
+    Chosen,
     LaneRun,
     Rerun,
     check_recorded_sources,
@@ -78,6 +80,7 @@ def register(commands: Any) -> None:
         help=f"real lanes: how long a stuck collective waits (default {DEFAULT_TIMEOUT_S:g})",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    allowances.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -92,9 +95,24 @@ def run(arguments: argparse.Namespace) -> int:
             + ", named by the counterexample, not on this command line",
             file=sys.stderr,
         )
-    target = load_chosen(counterexample, chosen).target
-    rerun = replay_in_sim(counterexample, target)
-    status = compare(counterexample, rerun)
+    if arguments.backend != "sim":
+        return _replay(arguments, counterexample, chosen)
+    # Only the simulator runs the target in this process: isolated, so that a
+    # target that exits or crashes it cannot end the replay as "holds now".
+    return run_isolated(
+        lambda: _replay(arguments, counterexample, chosen),
+        allowance=allowances.from_arguments(arguments),
+        json_errors=arguments.json,
+    )
+
+
+def _replay(
+    arguments: argparse.Namespace, counterexample: cex.Counterexample, chosen: Chosen
+) -> int:
+    with prints_to_stderr():
+        target = load_chosen(counterexample, chosen).target
+        rerun = replay_in_sim(counterexample, target)
+        status = compare(counterexample, rerun)
     lane: LaneRun | None = None
     differences: tuple[str, ...] = ()
     if arguments.backend != "sim":
