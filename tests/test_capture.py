@@ -416,6 +416,19 @@ def test_oversized_policies_are_refused_in_one_line(
     assert str(caught.value) == message
 
 
+def test_drafters_nested_deep_are_refused_at_the_second(tmp_path: Path) -> None:
+    data: dict[str, Any] = {"capture_sizes": [1]}
+    for _ in range(900):
+        data = {"capture_sizes": [1], "drafter": data}
+    path = tmp_path / "deep.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert str(caught.value) == (
+        f"{path}: drafter.drafter: a drafter has no drafter of its own"
+    )
+
+
 def test_dp_size_is_bounded_by_the_ranks_limit() -> None:
     policy = CapturePolicy(capture_sizes=(1,))
     assert policy.manager_config(limits.MAX_RANKS).data_parallel_size == (

@@ -422,6 +422,12 @@ class CapturePolicy:
             kwargs["microbatching"] = Microbatching(**mb)
         drafter = data.get("drafter")
         if drafter is not None:
+            if _where:
+                # Said before reading further: a file could nest drafters
+                # hundreds deep, one recursion and one prefix each.
+                raise PolicyError(
+                    "drafter.drafter: a drafter has no drafter of its own"
+                )
             kwargs["drafter"] = cls.from_dict(drafter, _where=f"{_where}drafter: ")
         try:
             return cls(**kwargs)
