@@ -379,3 +379,11 @@ def test_a_read_only_cache_that_is_complete_still_loads(
     (entry / STAMP).unlink()
     assert ensure_release(VERSION) == entry / "vllm"
     assert not (entry / STAMP).exists()
+
+
+def test_fetch_and_refetch_together_are_refused(
+    cache: Path, downloads: Downloads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = _refusal(capsys, ["targets", "--fetch", "--refetch", VERSION])
+    assert err == "dpsim: error: --fetch and --refetch exclude each other"
+    assert downloads.calls == []
