@@ -12,9 +12,10 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any
 
-from dpsim.cli import add_command
+from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import add_case_arguments, add_target_arguments
 from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
@@ -75,6 +76,7 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    check_output_directory(Path(arguments.out), "--out")
     options = CampaignOptions(
         suite=SuiteOptions(
             vllm=arguments.vllm,

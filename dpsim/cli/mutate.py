@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dpsim.cli import check_output_directory
 from dpsim.cli.check import add_target_arguments, parse_ranks
 from dpsim.errors import UsageError
 from dpsim.mutate import (
@@ -132,6 +133,8 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    if arguments.out:
+        check_output_directory(Path(arguments.out), "--out")
     operators = select_operators(
         name for value in arguments.operators for name in value.split(",") if name
     )

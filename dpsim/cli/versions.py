@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsim.check import CheckOptions
-from dpsim.cli import add_command
+from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import parse_ranks
 from dpsim.errors import UsageError
 from dpsim.scenarios import PROFILES
@@ -54,6 +54,7 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    check_output_directory(Path(arguments.out), "--out")
     requests = [TargetRequest(spec) for spec in arguments.specs or SUPPORTED_RELEASES]
     for pair in arguments.target:
         file, separator, vllm = pair.rpartition("@")
