@@ -7,14 +7,29 @@ only cases that fail that same property, so a coverage bug does not shrink
 into an unrelated crash. Generation is seeded, and no example database is read
 unless one is given, so the same target, options and seed give the same
 counterexample byte for byte.
+
+Ctrl-C: :func:`run_check` stops the search and raises :class:`CheckInterrupted`
+carrying what it had: the scenarios already finished, the one in progress
+(with its cases so far, and the smallest failing case it had when a failure
+was being shrunk), and the ones not reached. A Ctrl-C is never lost: a
+``KeyboardInterrupt`` can land where Python swallows it (a gc callback such as
+Hypothesis' own, a ``__del__``, a greenlet torn down by the collector) and
+only print "Exception ignored in ...", so the handler installed for the
+search also counts the signal, and the next case refuses to start. The same
+handler restores the default one, so a second Ctrl-C stops the process at
+once.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from random import Random
+from types import FrameType
 
 from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis.database import ExampleDatabase
@@ -68,6 +83,8 @@ class Finding:
     case: Case
     result: SimResult
     verdicts: tuple[Verdict, ...]
+    #: False when Ctrl-C stopped the shrinking: a failing case, not a minimal one.
+    shrunk: bool = True
 
     @property
     def primary(self) -> Verdict:
@@ -77,6 +94,8 @@ class Finding:
 @dataclass(frozen=True)
 class ScenarioRun:
     scenario: str
+    #: Every case run: generated ones and, after a failure, those tried while
+    #: shrinking it (``shrinking`` of them).
     examples: int
     seconds: float
     finding: Finding | None
@@ -84,6 +103,15 @@ class ScenarioRun:
     first_failure_seconds: float | None = None
     #: Seconds spent simulating and judging cases (the rest is generation).
     judging_seconds: float = 0.0
+    #: Cases run while shrinking a failure, after the first failing case.
+    shrinking: int = 0
+    #: Ctrl-C stopped this scenario's search before it ended.
+    interrupted: bool = False
+
+    @property
+    def generated(self) -> int:
+        """Cases the search drew up to its first failure (at most --examples)."""
+        return self.examples - self.shrinking
 
 
 @dataclass(frozen=True)
@@ -91,22 +119,101 @@ class CheckReport:
     target: Target
     options: CheckOptions
     runs: tuple[ScenarioRun, ...]
+    #: Scenarios chosen but never started, because Ctrl-C came first.
+    not_run: tuple[str, ...] = ()
+
+    @property
+    def interrupted(self) -> bool:
+        return bool(self.not_run) or any(run.interrupted for run in self.runs)
 
     @property
     def passed(self) -> bool:
-        return all(run.finding is None for run in self.runs)
+        """Every chosen scenario ran to its end, and no property failed."""
+        return not self.interrupted and not self.failures
+
+    @property
+    def failures(self) -> tuple[ScenarioRun, ...]:
+        """Every scenario that found a counterexample, in the order run."""
+        return tuple(run for run in self.runs if run.finding is not None)
 
     @property
     def first_failure(self) -> ScenarioRun | None:
-        return next((run for run in self.runs if run.finding is not None), None)
+        return next(iter(self.failures), None)
 
     @property
     def examples(self) -> int:
         return sum(run.examples for run in self.runs)
 
     @property
+    def shrinking(self) -> int:
+        return sum(run.shrinking for run in self.runs)
+
+    @property
     def seconds(self) -> float:
         return sum(run.seconds for run in self.runs)
+
+
+class CheckInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run_check`, carrying the report of what was done.
+
+    A ``KeyboardInterrupt``, so a caller that does not look for it still stops.
+    """
+
+    def __init__(self, report: CheckReport) -> None:
+        super().__init__("interrupted")
+        self.report = report
+
+
+class _Interrupted(Exception):
+    """A scenario's search stopped by Ctrl-C, with the run it had so far."""
+
+    def __init__(self, run: ScenarioRun) -> None:
+        super().__init__(run.scenario)
+        self.run = run
+
+
+class _Interrupts:
+    """The SIGINT handler of a search: raise, count, and give the next one back.
+
+    Counting is what makes a swallowed ``KeyboardInterrupt`` still stop the
+    run: :meth:`check` raises it again before the next case.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        # A second Ctrl-C ends the process at once, whatever it is doing.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.count:
+            raise KeyboardInterrupt
+
+
+@contextmanager
+def _catching_interrupts() -> Iterator[_Interrupts]:
+    """Install :class:`_Interrupts` for the block, where Python's own handler is.
+
+    Elsewhere (a thread; a process that ignores SIGINT, as fuzz workers do;
+    a caller's own handler) the signal is left as it was.
+    """
+    interrupts = _Interrupts()
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield interrupts
+        return
+    signal.signal(signal.SIGINT, interrupts)
+    try:
+        yield interrupts
+    finally:
+        # Back to Python's handler (also after a Ctrl-C: the caller reports
+        # what was done, and a Ctrl-C there still stops it).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def evaluate(
@@ -141,10 +248,29 @@ def run_check(
                 f"{target.label} has no {name!r} scenario; it runs: {', '.join(available)}"
             )
     reset_pool()  # see its docstring: pooled workers stay within one search
-    runs = tuple(
-        _check_scenario(target, name, properties, options, progress) for name in chosen
-    )
-    return CheckReport(target, options, runs)
+    runs: list[ScenarioRun] = []
+    with _catching_interrupts() as interrupts:
+        for index, name in enumerate(chosen):
+            try:
+                runs.append(
+                    _check_scenario(
+                        target, name, properties, options, progress, interrupts
+                    )
+                )
+                # A Ctrl-C swallowed after the scenario's last case.
+                interrupts.check()
+            except _Interrupted as stopped:
+                runs.append(stopped.run)
+                not_run = tuple(chosen[index + 1 :])
+                raise CheckInterrupted(
+                    CheckReport(target, options, tuple(runs), not_run)
+                ) from None
+            except KeyboardInterrupt:
+                not_run = tuple(chosen[index + (0 if len(runs) == index else 1) :])
+                raise CheckInterrupted(
+                    CheckReport(target, options, tuple(runs), not_run)
+                ) from None
+    return CheckReport(target, options, tuple(runs))
 
 
 def _check_scenario(
@@ -153,6 +279,7 @@ def _check_scenario(
     properties: tuple[Property, ...],
     options: CheckOptions,
     progress: Progress | None,
+    interrupts: _Interrupts,
 ) -> ScenarioRun:
     strategy = cases(
         target,
@@ -166,15 +293,19 @@ def _check_scenario(
     started = time.perf_counter()
     first_failure: list[float] = []
     judging = 0.0
+    generated = 0
+    #: The latest case that failed the chased property: the shrink's best so far.
+    latest: list[Finding] = []
 
     def fails(case: Case) -> bool:
-        nonlocal examples, judging
+        nonlocal examples, judging, generated
+        interrupts.check()
         examples += 1
         if progress is not None:
             progress(scenario, examples, options.examples)
         judged = time.perf_counter()
         try:
-            _, verdicts = evaluate(target, case, properties, options.baseline)
+            result, verdicts = evaluate(target, case, properties, options.baseline)
         except PolicyRefused:
             reject()
         finally:
@@ -182,9 +313,15 @@ def _check_scenario(
         if not verdicts:
             return False
         if not chased:
+            # Hypothesis stops generating at the first failure (no
+            # report_multiple_bugs): every later case is a shrink attempt.
+            generated = examples
             chased.append(verdicts[0].property)
             first_failure.append(time.perf_counter() - started)
-        return any(verdict.property == chased[0] for verdict in verdicts)
+        if not any(verdict.property == chased[0] for verdict in verdicts):
+            return False
+        latest[:] = [Finding(case, result, _chased_first(verdicts, chased[0]), False)]
+        return True
 
     config = settings(
         max_examples=options.examples,
@@ -196,6 +333,19 @@ def _check_scenario(
         suppress_health_check=list(HealthCheck),
         report_multiple_bugs=False,
     )
+
+    def so_far() -> ScenarioRun:
+        return ScenarioRun(
+            scenario,
+            examples,
+            time.perf_counter() - started,
+            latest[0] if latest else None,
+            first_failure[0] if first_failure else None,
+            judging,
+            examples - generated if chased else 0,
+            interrupted=True,
+        )
+
     try:
         with seeded_draws_only():
             minimal = find(
@@ -213,10 +363,13 @@ def _check_scenario(
         return ScenarioRun(
             scenario, examples, time.perf_counter() - started, None, None, judging
         )
-    result, verdicts = evaluate(target, minimal, properties, options.baseline)
-    # The chased property first, the others it also broke after it.
-    ordered = sorted(verdicts, key=lambda verdict: verdict.property != chased[0])
-    finding = Finding(minimal, result, tuple(ordered))
+    except KeyboardInterrupt:
+        raise _Interrupted(so_far()) from None
+    try:
+        result, verdicts = evaluate(target, minimal, properties, options.baseline)
+    except KeyboardInterrupt:
+        raise _Interrupted(so_far()) from None
+    finding = Finding(minimal, result, _chased_first(verdicts, chased[0]))
     return ScenarioRun(
         scenario,
         examples,
@@ -224,7 +377,13 @@ def _check_scenario(
         finding,
         first_failure[0],
         judging,
+        examples - generated,
     )
+
+
+def _chased_first(verdicts: list[Verdict], chased: str) -> tuple[Verdict, ...]:
+    """The chased property first, the others the case also broke after it."""
+    return tuple(sorted(verdicts, key=lambda verdict: verdict.property != chased))
 
 
 def _database_key(target: Target, scenario: str, options: CheckOptions) -> bytes:

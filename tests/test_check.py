@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from faults import VOTING
 
 from dpsim import cex, check
 from dpsim.capture.policy import CapturePolicy
@@ -224,3 +229,174 @@ def test_a_seed_draws_the_same_cases_whatever_local_modules_are_loaded(
     finally:
         sys.modules.pop("dpsim_constants_probe", None)
     assert seen == before
+
+
+def test_every_failing_scenario_gets_its_file_test_and_json_entry(
+    per_rank_padding: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    arguments = ["--vllm", "0.20.0", "--target", str(per_rank_padding)]
+    arguments += ["--scenario", "step", "--scenario", "drafter", "--ranks", "2..4"]
+    arguments += ["--examples", "100", "--out", str(out)]
+    assert main(["check", *arguments, "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    step, drafter = summary["scenarios"]["step"], summary["scenarios"]["drafter"]
+    # The top-level keys still name the first failure, as before.
+    assert summary["counterexample"] == step["counterexample"]
+    assert summary["failures"] == 2
+    for entry in (step, drafter):
+        assert entry["verdict"] == "fail" and entry["message"]
+        path = Path(entry["counterexample"])
+        assert cex.read(path).case.scenario in {"step", "drafter"}
+        assert cex.regression.regression_test_path(path).is_file()
+        # Shrink attempts are counted apart from the cases generated.
+        assert entry["examples"] == entry["generated"] + entry["shrinking"]
+        assert entry["shrinking"] > 0
+    assert step["counterexample"] != drafter["counterexample"]
+    assert len(list(out.glob("*.json"))) == 2
+    assert main(["check", *arguments]) == 1
+    text = capsys.readouterr().out
+    assert text.count("counterexample (shrunk)") == 2
+    for entry in (step, drafter):
+        assert f"replay:  dpsim replay {entry['counterexample']}" in text
+    assert "of them while shrinking" in text
+
+
+#: Added to a faulty target's sync: in the profile scenario (no manager), the
+#: 20th call writes MARKER, waits for Ctrl-C and swallows it, as careless code
+#: does; with SECOND, it then writes SECOND and waits again.
+_INTERRUPTIBLE = """
+import time
+from pathlib import Path
+_profile_calls = [0]
+
+
+def _await_ctrl_c():
+    _profile_calls[0] += 1
+    if _profile_calls[0] != 20:
+        return
+    try:
+        Path(MARKER).write_text("waiting")
+        time.sleep(600)
+    except BaseException:
+        if SECOND:
+            Path(SECOND).write_text("swallowed one")
+            time.sleep(600)
+"""
+
+
+def _interruptible(source: str, directory: Path, twice: bool) -> tuple[Path, Path]:
+    marker, second = directory / "marker", directory / "second"
+    text = source + _INTERRUPTIBLE.replace("MARKER", repr(str(marker))).replace(
+        "SECOND", repr(str(second)) if twice else "None"
+    )
+    hook = "    if dp_size == 1:\n"
+    assert hook in text
+    text = text.replace(
+        hook, "    if cudagraph_manager is None:\n        _await_ctrl_c()\n" + hook
+    )
+    path = directory / "interruptible.py"
+    path.write_text(text)
+    return path, second if twice else marker
+
+
+def _start_check(
+    target: Path, out: Path, scenarios: tuple[str, ...]
+) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", "from dpsim.cli import run; run()", "check"]
+    command += ["--vllm", "0.20.0", "--target", str(target), "--ranks", "2..3"]
+    for scenario in scenarios:
+        command += ["--scenario", scenario]
+    command += ["--examples", "5000", "--out", str(out), "--json"]
+    # A session of its own: Ctrl-C goes to the process group, as from a terminal.
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for(path: Path, process: subprocess.Popen[str]) -> None:
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)  # polling a file the target writes; no race on timing
+
+
+def test_ctrl_c_prints_the_summary_so_far_writes_what_was_found_and_exits_130(
+    tmp_path: Path,
+) -> None:
+    source = VOTING.replace("PAD_FROM", "num_tokens")
+    target, marker = _interruptible(source, tmp_path, twice=False)
+    # step fails (and is shrunk) first; profile then runs until interrupted.
+    scenarios = ("step", "profile", "drafter")
+    process = _start_check(target, tmp_path / "out", scenarios)
+    _wait_for(marker, process)
+    # The target swallows this Ctrl-C; the run stops before its next case anyway.
+    os.killpg(process.pid, signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    summary = json.loads(stdout)
+    assert summary["interrupted"] is True and summary["verdict"] == "fail"
+    step = summary["scenarios"]["step"]
+    assert step["verdict"] == "fail" and step["shrunk"] is True
+    assert cex.read(Path(step["counterexample"])).case.scenario == "step"
+    profile = summary["scenarios"]["profile"]
+    assert profile["verdict"] == "interrupted" and profile["interrupted"] is True
+    assert 0 < profile["examples"] < 5000
+    assert summary["scenarios"]["drafter"]["verdict"] == "not-run"
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path: Path) -> None:
+    source = VOTING.replace("PAD_FROM", "int(counts.max())")
+    target, second = _interruptible(source, tmp_path, twice=True)
+    process = _start_check(target, tmp_path / "out", ("profile",))
+    _wait_for(tmp_path / "marker", process)
+    os.killpg(process.pid, signal.SIGINT)
+    # The target swallowed the first and waits on; the second ends the run.
+    _wait_for(second, process)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr
+
+
+# What the test provokes is the warning: Python dropping a KeyboardInterrupt.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_swallowed_ctrl_c_still_stops_the_search_before_the_next_case(
+    agreed_padding: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python drops a KeyboardInterrupt raised in a gc callback, a __del__ or a
+    greenlet torn down by the collector ("Exception ignored in ..."): the
+    search's handler counts the signal, so the next case does not start."""
+    target = load_target("0.20.0", agreed_padding)
+    calls, handlers = [], []
+    evaluate = check.evaluate
+
+    def in_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc.callbacks.remove(in_gc)
+            signal.raise_signal(signal.SIGINT)
+
+    def swallowing(*args):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 5:
+            gc.callbacks.append(in_gc)
+            gc.collect()  # the Ctrl-C lands in the callback, and Python drops it
+            # A second Ctrl-C would now end the process at once.
+            handlers.append(signal.getsignal(signal.SIGINT))
+        return evaluate(*args)
+
+    monkeypatch.setattr(check, "evaluate", swallowing)
+    options = CheckOptions(scenarios=("step", "profile"), examples=200)
+    with pytest.raises(check.CheckInterrupted) as stopped:
+        run_check(target, options)
+    report = stopped.value.report
+    assert len(calls) == 5 and handlers == [signal.SIG_DFL]
+    assert report.interrupted and not report.passed
+    assert [run.scenario for run in report.runs] == ["step"]
+    assert report.runs[0].interrupted and report.runs[0].examples == 5
+    assert report.not_run == ("profile",)
+    # The search's handler is gone again; Python's own is back.
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -4,12 +4,15 @@ Exit status: 0 when every property held, 1 when one failed (the shrunk
 counterexample is printed and written under --out), 2 on a usage or target
 error, including a target that ends or crashes the process or outgrows its
 memory or CPU allowance (:mod:`dpsim.isolation`): no verdict is not a pass.
+130 on Ctrl-C, after the summary so far and the counterexamples found so far
+are printed and written; a second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,11 +20,18 @@ from typing import Any
 
 from dpsim import allowances, cex
 from dpsim.capture.policy import load_policy
-from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, CheckReport, run_check
+from dpsim.check import (
+    DEFAULT_EXAMPLES,
+    CheckInterrupted,
+    CheckOptions,
+    CheckReport,
+    ScenarioRun,
+    run_check,
+)
 from dpsim.cli import add_command, check_output_directory
 from dpsim.database import open_database
 from dpsim.errors import UsageError
-from dpsim.isolation import prints_to_stderr, run_isolated
+from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
@@ -162,77 +172,136 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
         )
         try:
             report = run_check(target, options, progress)
+        except CheckInterrupted as stopped:
+            # Ctrl-C: report what was done; a second Ctrl-C ends it at once.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            report = stopped.report
         finally:
             if progress is not None:
                 progress.close()
-    written = _write_counterexample(report, Path(arguments.out))
+    written = write_counterexamples(report, Path(arguments.out))
     if arguments.json:
         print(json.dumps(summary(report, written), sort_keys=True))
     else:
         print(render_report(report, written))
+    if report.interrupted:
+        return EXIT_INTERRUPTED
     return 0 if report.passed else 1
 
 
-def _write_counterexample(report: CheckReport, out: Path) -> Path | None:
-    failed = report.first_failure
-    if failed is None or failed.finding is None:
-        return None
-    finding = failed.finding
-    written = cex.save(
-        report.target,
-        finding.case,
-        finding.result,
-        finding.verdicts,
-        report.options.properties or PROPERTY_NAMES,
-        out,
-    )
-    # A pytest file beside it that fails while the bug is there (dpsim.cex.regression).
-    cex.write_regression_test(written)
+def write_counterexamples(report: CheckReport, out: Path) -> dict[str, Path]:
+    """Each failing scenario's counterexample under ``out``: scenario -> file.
+
+    Beside each, a pytest file that fails while the bug is there
+    (:mod:`dpsim.cex.regression`).
+    """
+    written = {}
+    for failed in report.failures:
+        finding = failed.finding
+        assert finding is not None
+        path = cex.save(
+            report.target,
+            finding.case,
+            finding.result,
+            finding.verdicts,
+            report.options.properties or PROPERTY_NAMES,
+            out,
+        )
+        cex.write_regression_test(path)
+        written[failed.scenario] = path
     return written
 
 
-def summary(report: CheckReport, written: Path | None) -> dict[str, Any]:
+def _verdict(report: CheckReport) -> str:
+    """``fail`` once anything failed, else ``interrupted`` or ``pass``."""
+    if report.failures:
+        return "fail"
+    return "interrupted" if report.interrupted else "pass"
+
+
+def _run_verdict(run: ScenarioRun) -> str:
+    if run.finding is not None:
+        return "fail"
+    return "interrupted" if run.interrupted else "pass"
+
+
+def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
+    """The ``--json`` object: the first failure at the top (as before), every
+    scenario's own verdict, counts and counterexample under ``scenarios``.
+
+    ``examples`` counts every case run, shrink attempts included;
+    ``generated`` and ``shrinking`` split it.
+    """
     failed = report.first_failure
     finding = failed.finding if failed is not None else None
+    scenarios: dict[str, Any] = {}
+    for run in report.runs:
+        found = run.finding
+        scenarios[run.scenario] = {
+            "verdict": _run_verdict(run),
+            "examples": run.examples,
+            "generated": run.generated,
+            "shrinking": run.shrinking,
+            "seconds": round(run.seconds, 3),
+            "interrupted": run.interrupted,
+            "property": found.primary.property if found else None,
+            "message": str(found.primary) if found else None,
+            "shrunk": found.shrunk if found else None,
+            "counterexample": str(written[run.scenario])
+            if run.scenario in written
+            else None,
+        }
+    for name in report.not_run:
+        scenarios[name] = {"verdict": "not-run", "examples": 0}
     return {
-        "verdict": "pass" if report.passed else "fail",
+        "verdict": _verdict(report),
+        "interrupted": report.interrupted,
         "target": report.target.label,
         "property": finding.primary.property if finding else None,
         "scenario": failed.scenario if failed else None,
         "message": str(finding.primary) if finding else None,
         "examples": report.examples,
+        "generated": report.examples - report.shrinking,
+        "shrinking": report.shrinking,
         "seconds": round(report.seconds, 3),
-        "counterexample": str(written) if written else None,
-        "scenarios": {
-            run.scenario: {
-                "verdict": "pass" if run.finding is None else "fail",
-                "examples": run.examples,
-                "seconds": round(run.seconds, 3),
-            }
-            for run in report.runs
-        },
+        "counterexample": str(written[failed.scenario])
+        if failed is not None and failed.scenario in written
+        else None,
+        "failures": len(report.failures),
+        "scenarios": scenarios,
     }
 
 
-def render_report(report: CheckReport, written: Path | None) -> str:
+def _scenario_line(run: ScenarioRun) -> str:
+    if run.finding is not None:
+        status = f"FAIL  {run.finding.primary}"
+        if not run.finding.shrunk:
+            status += " (interrupted while shrinking)"
+    else:
+        status = _run_verdict(run)
+    return (
+        f"  {run.scenario:<8} {run.generated:>6} examples + {run.shrinking:>5} "
+        f"shrinking {run.seconds:6.1f}s  {status}"
+    )
+
+
+def render_report(report: CheckReport, written: dict[str, Path]) -> str:
     options = report.options
     low, high = options.ranks
     lines = [
         f"dpsim check: {report.target.label}, profile {options.profile}, "
         f"ranks {low}..{high}, {options.examples} examples per scenario, seed {options.seed}"
     ]
-    for run in report.runs:
-        status = "pass" if run.finding is None else f"FAIL  {run.finding.primary}"
-        lines.append(
-            f"  {run.scenario:<8} {run.examples:>6} examples {run.seconds:6.1f}s  {status}"
-        )
-    failed = report.first_failure
-    if failed is not None and failed.finding is not None:
+    lines.extend(_scenario_line(run) for run in report.runs)
+    lines.extend(f"  {name:<8} not run (interrupted)" for name in report.not_run)
+    for failed in report.failures:
         finding = failed.finding
+        assert finding is not None
+        how = "shrunk" if finding.shrunk else "interrupted while shrinking, not minimal"
         lines.append("")
         lines.append(
             render_case_run(
-                f"counterexample (shrunk): {finding.primary}",
+                f"counterexample ({how}): {finding.primary}",
                 finding.case,
                 Evidence(finding.case, finding.result),
             )
@@ -241,15 +310,21 @@ def render_report(report: CheckReport, written: Path | None) -> str:
             lines.append("")
             lines.append("it also breaks:")
             lines.extend(f"  {verdict}" for verdict in finding.verdicts[1:])
+        path = written.get(failed.scenario)
         lines.append("")
-        lines.append(f"written: {written}")
-        lines.append(f"replay:  dpsim replay {written}")
+        lines.append(f"written: {path}")
+        lines.append(f"replay:  dpsim replay {path}")
     lines.append("")
-    failures = sum(run.finding is not None for run in report.runs)
+    chosen = len(report.runs) + len(report.not_run)
+    held = sum(run.finding is None and not run.interrupted for run in report.runs)
+    verdict = _verdict(report).upper()
+    if report.interrupted and report.failures:
+        verdict += " (interrupted)"
+    stopped = ", interrupted by Ctrl-C" if report.interrupted else ""
     lines.append(
-        f"result: {'PASS' if report.passed else 'FAIL'}: "
-        f"{len(report.runs) - failures} of {len(report.runs)} scenarios held every property "
-        f"({report.examples} cases, {report.seconds:.1f}s)"
+        f"result: {verdict}: {held} of {chosen} scenarios held every property{stopped} "
+        f"({report.examples} cases, {report.shrinking} of them while shrinking, "
+        f"{report.seconds:.1f}s)"
     )
     return "\n".join(lines)
 

@@ -18,10 +18,10 @@ from dpsim.capture.policy import CapturePolicy, load_policy
 from dpsim.capture.table import capture_table
 from dpsim.cli import add_command
 from dpsim.cli.check import (
-    _write_counterexample,  # the same file `dpsim check` writes, by its own code
     add_target_arguments,
     render_report,
     summary,
+    write_counterexamples,  # the same files `dpsim check` writes, by its own code
 )
 from dpsim.costs import (
     BUILTIN_WORKLOADS,
@@ -322,7 +322,7 @@ def _safety(
     return runs
 
 
-def _render_safety(runs: list[SafetyRun], written: dict[int, Path | None]) -> str:
+def _render_safety(runs: list[SafetyRun], written: dict[int, dict[str, Path]]) -> str:
     if not runs:
         return "safety: skipped (--examples 0)"
     options = runs[0].report.options
@@ -365,7 +365,7 @@ def run_validate(arguments: argparse.Namespace) -> int:
     out = Path(arguments.out)
     out.mkdir(parents=True, exist_ok=True)
     written = {
-        index: _write_counterexample(run.report, out) for index, run in enumerate(runs)
+        index: write_counterexamples(run.report, out) for index, run in enumerate(runs)
     }
     safety_text = _render_safety(runs, written)
     failed = any(run.finding is not None for run in runs)
