@@ -2,7 +2,9 @@
 
 Exit status: 0 when nothing failed, 1 when a property failed (each
 counterexample is written under --out) or a worker broke, 2 on a usage or
-target error. Ctrl-C stops cleanly; a second Ctrl-C stops at once.
+target error, 130 when Ctrl-C stopped it (after the summary, and the files of
+what was found): a campaign cut short is not a pass. Ctrl-C stops cleanly; a
+second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dpsim.cli.check import add_case_arguments, add_target_arguments
 from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
+from dpsim.isolation import EXIT_INTERRUPTED
 from dpsim.suite.config import SuiteOptions
 
 HELP = "fuzz the property suite continuously, N processes sharing one database"
@@ -102,7 +105,16 @@ def run(arguments: argparse.Namespace) -> int:
         print(json.dumps(summary(tally), sort_keys=True))
     else:
         print(render(tally))
+    if tally.stopping == "interrupted":
+        return EXIT_INTERRUPTED
     return 1 if tally.failures or tally.errors else 0
+
+
+def verdict(tally: Tally) -> str:
+    """``fail`` once anything failed or broke, else ``interrupted`` or ``pass``."""
+    if tally.failures or tally.errors:
+        return "fail"
+    return "interrupted" if tally.stopping == "interrupted" else "pass"
 
 
 class StatusLine:
@@ -188,9 +200,11 @@ def render(tally: Tally) -> str:
             lines.append(f"written: {failure.path}")
             lines.append(f"replay:  dpsim replay {failure.path}")
     lines.extend(f"error: {error}" for error in tally.errors)
-    verdict = "FAIL" if tally.failures or tally.errors else "PASS"
+    word = verdict(tally).upper()
+    if word == "FAIL" and tally.stopping == "interrupted":
+        word += " (interrupted)"
     lines.append(
-        f"result: {verdict}: {len(tally.failures)} failure(s), "
+        f"result: {word}: {len(tally.failures)} failure(s), "
         f"{len(tally.errors)} error(s)"
     )
     return "\n".join(lines)
@@ -198,7 +212,7 @@ def render(tally: Tally) -> str:
 
 def summary(tally: Tally) -> dict[str, Any]:
     return {
-        "verdict": "fail" if tally.failures or tally.errors else "pass",
+        "verdict": verdict(tally),
         "target": tally.target,
         "workers": tally.workers,
         "pids": tally.pids,

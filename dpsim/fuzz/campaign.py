@@ -198,6 +198,9 @@ def _coordinate(
                     f"stopping ({reason}): letting workers finish what they shrink"
                 )
         elif len(interrupts) > 1 or now - stopped_at > options.grace:
+            if interrupts:
+                # A Ctrl-C during the grace after the deadline cut shrinks short.
+                tally.stopping = "interrupted"
             announce("stopping now: workers terminated")
             return True
         # A worker that died without saying so (killed, out of memory).
