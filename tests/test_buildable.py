@@ -47,6 +47,31 @@ def get_num_active_loras_for_dispatch(lora_config, lora_state, req_ids, dummy_ru
 """
 
 
+#: Speculators as a release writes their manager calls, written for these tests.
+_SPECULATOR = """
+class Speculator:
+    def __init__(self, config, device, mode, steps):
+        self.prefill = SpeculatorCudaGraphManager(config, device, mode, steps + 1)
+        self.decode = SpeculatorCudaGraphManager(
+            config, device, mode, decode_query_len=1
+        )
+"""
+_PARAMETERS = ("vllm_config", "device", "cudagraph_mode", "decode_query_len")
+
+
+class _Manager:
+    def __init__(
+        self,
+        vllm_config,
+        device,
+        cudagraph_mode,
+        decode_query_len,
+        lora_capture_cases=None,
+        varlen_decode=False,
+        ubatch_runner=None,
+    ) -> None: ...
+
+
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     root = tmp_path / "vllm"
     for relative, text in files.items():
@@ -107,6 +132,34 @@ def test_without_lora_utils_there_are_no_lora_cases(tmp_path: Path) -> None:
     assert rules.dummy_batch_loras((0, 5)) == 0
 
 
+def test_drafter_tables_get_only_what_the_speculators_pass(tmp_path: Path) -> None:
+    from dpsim.capture.policy import CapturePolicy
+
+    spec = {"v1/worker/gpu/spec_decode/ar/speculator.py": _SPECULATOR}
+    rules = rules_for(_package(tmp_path, spec), None, _Manager)
+    assert rules.drafter_arguments == frozenset(_PARAMETERS)
+    drafter = CapturePolicy(
+        capture_sizes=(1, 2),
+        lora_capture_cases=(0, 5),
+        varlen_decode=True,
+        microbatching=Microbatching(),
+    )
+    assert rules.drafter_table(drafter) == CapturePolicy(capture_sizes=(1, 2))
+
+
+def test_a_speculator_call_that_hides_its_arguments_keeps_the_drafter(
+    tmp_path: Path,
+) -> None:
+    from dpsim.capture.policy import CapturePolicy
+
+    hidden = _SPECULATOR.replace("mode, steps + 1)", "*arguments)")
+    spec = {"v1/worker/gpu/spec_decode/ar/speculator.py": hidden}
+    rules = rules_for(_package(tmp_path, spec), None, _Manager)
+    assert rules.drafter_arguments is None
+    drafter = CapturePolicy(capture_sizes=(1,), lora_capture_cases=(0, 5))
+    assert rules.drafter_table(drafter) == drafter
+
+
 @pytest.mark.release
 @pytest.mark.parametrize("version", ["0.29.0", "0.30.0", "0.33.0"])
 def test_releases_rules(version: str, release) -> None:
@@ -121,3 +174,10 @@ def test_releases_rules(version: str, release) -> None:
     assert rules.accepts_ceiling((1, 2, 4), 4)
     assert not rules.accepts_ceiling((1, 2, 4), 3)
     assert not rules.accepts_ceiling((1, 2, 4), 8)
+    # No speculator passes LoRA cases, varlen decode or a ubatch runner.
+    assert rules.drafter_arguments is not None
+    assert not rules.drafter_arguments & {
+        "lora_capture_cases",
+        "varlen_decode",
+        "ubatch_runner",
+    }

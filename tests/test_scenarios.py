@@ -75,6 +75,10 @@ def test_caller_batches_are_what_a_model_runner_builds(
                 assert batch.num_active_loras == 0
     # Only tables the release's own config code builds.
     rules = rules_of(target)
+    if case.policy.drafter is not None:
+        drafter = case.policy.drafter
+        assert drafter.lora_capture_cases is None and drafter.microbatching is None
+        assert not drafter.varlen_decode
     for table in (case.policy, case.policy.drafter):
         if table is None:
             continue

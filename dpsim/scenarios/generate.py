@@ -200,9 +200,11 @@ def _fit_policy(
     Microbatching added here obeys ``rules`` (the caller profile's release).
     """
     if profile == "caller" and policy.drafter is not None:
-        policy = replace(
-            policy, drafter=replace(policy.drafter, max_num_seqs=policy.max_num_seqs)
-        )
+        drafter = replace(policy.drafter, max_num_seqs=policy.max_num_seqs)
+        if rules is not None:
+            # Nor do they give a drafter LoRA cases or microbatched graphs.
+            drafter = rules.drafter_table(drafter)
+        policy = replace(policy, drafter=drafter)
     if scenario == "drafter" and policy.decode_query_len < 2:
         policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
     # Microbatched graphs are FULL graphs: most ubatch cases should have some

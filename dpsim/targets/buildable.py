@@ -21,6 +21,10 @@ release's own code wherever it loads without a GPU:
 * Capture ceiling: ``CompilationConfig.post_init_cudagraph_sizes``, whose
   assertion pins ``max_cudagraph_capture_size`` to the largest size.
 
+* Drafter tables: the ``CudaGraphManager`` arguments the release's
+  speculators (``vllm/v1/worker/gpu/spec_decode/``) pass, read from their
+  calls: none passes LoRA cases, varlen decode or a ubatch runner today.
+
 Capture-size rounding for speculative decoding needs no rule here: the
 release's manager (or nothing, where model runner v2 skips it) applies it
 when dpsim builds the table, through the release's own config methods.
@@ -31,17 +35,23 @@ from __future__ import annotations
 import ast
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from dpsim.errors import TargetError
-from dpsim.targets.manager import ConfigView, Microbatching, ParallelConfigStandIn
+from dpsim.targets.manager import (
+    ConfigView,
+    Microbatching,
+    ParallelConfigStandIn,
+    manager_parameters,
+)
 from dpsim.targets.shim import ModuleLoader, function
 from dpsim.targets.standins import STAND_INS
 
 if TYPE_CHECKING:
+    from dpsim.capture.policy import CapturePolicy
     from dpsim.targets.load import Target
 
 __all__ = ["BuildRules", "captured_lora_counts", "rules_for", "rules_of"]
@@ -90,6 +100,9 @@ class BuildRules:
     threshold_checks: tuple[ThresholdCheck, ...]
     #: The release's ``CompilationConfig`` (for ``post_init_cudagraph_sizes``).
     compilation_class: type | None
+    #: The manager parameters the release's speculators pass, or None when
+    #: that cannot be read off their calls (then drafter tables are kept).
+    drafter_arguments: frozenset[str] | None = None
 
     # -- LoRA -------------------------------------------------------------
 
@@ -173,6 +186,53 @@ class BuildRules:
             return False
         return True
 
+    def drafter_table(self, drafter: CapturePolicy) -> CapturePolicy:
+        """``drafter`` without the features the release's speculators never
+        give their managers."""
+        passed = self.drafter_arguments
+        if passed is None:
+            return drafter
+        return replace(
+            drafter,
+            lora_capture_cases=(
+                drafter.lora_capture_cases if "lora_capture_cases" in passed else None
+            ),
+            varlen_decode=drafter.varlen_decode and "varlen_decode" in passed,
+            microbatching=(
+                drafter.microbatching if "ubatch_runner" in passed else None
+            ),
+        )
+
+
+def _drafter_arguments(
+    package_dir: Path, parameters: tuple[str, ...]
+) -> frozenset[str] | None:
+    """The manager parameters passed by every ``...CudaGraphManager(...)`` call
+    under ``spec_decode/``; None when a call hides them (``*args``, ``**kw``)
+    or there is no speculator to read."""
+    root = package_dir / "v1" / "worker" / "gpu" / "spec_decode"
+    passed: set[str] = set()
+    calls = 0
+    for path in sorted(root.rglob("*.py")) if root.is_dir() else ():
+        try:
+            tree = ast.parse(path.read_text(), filename=str(path))
+        except (OSError, SyntaxError):
+            return None
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", "")
+            if not str(name).endswith("CudaGraphManager"):
+                continue
+            calls += 1
+            if any(isinstance(arg, ast.Starred) for arg in node.args) or any(
+                keyword.arg is None for keyword in node.keywords
+            ):
+                return None
+            passed.update(parameters[: len(node.args)])
+            passed.update(keyword.arg for keyword in node.keywords if keyword.arg)
+    return frozenset(passed) if calls else None
+
 
 def _threshold_checks(path: Path) -> tuple[ThresholdCheck, ...]:
     """Each ``if`` in ``ParallelConfig`` that reads a DBO threshold and raises,
@@ -228,7 +288,11 @@ def _compile_check(test: ast.expr, path: Path) -> ThresholdCheck:
 
 
 @functools.lru_cache(maxsize=32)
-def rules_for(package_dir: Path, compilation_class: type | None) -> BuildRules:
+def rules_for(
+    package_dir: Path,
+    compilation_class: type | None,
+    manager_class: type | None = None,
+) -> BuildRules:
     """The rules of the vLLM at ``package_dir`` (a release, tree or package)."""
     stand_ins = {
         **STAND_INS,
@@ -251,6 +315,11 @@ def rules_for(package_dir: Path, compilation_class: type | None) -> BuildRules:
         ),
         threshold_checks=_threshold_checks(package_dir / "config" / "parallel.py"),
         compilation_class=compilation_class,
+        drafter_arguments=(
+            _drafter_arguments(package_dir, manager_parameters(manager_class))
+            if manager_class is not None
+            else None
+        ),
     )
 
 
@@ -258,5 +327,7 @@ def rules_of(target: Target) -> BuildRules:
     """The rules of a loaded target's base vLLM (its ``--target`` file aside:
     config code is the release's)."""
     return rules_for(
-        target.package_dir, target.compilation.__dict__.get("CompilationConfig")
+        target.package_dir,
+        target.compilation.__dict__.get("CompilationConfig"),
+        target.manager_class,
     )
