@@ -601,3 +601,19 @@ def test_a_counterexamples_numbers_are_bounded_by_the_shared_limits(
     err = capsys.readouterr().err
     assert err.startswith(f"dpsim: error: {path}: ")
     assert err.endswith(f": {message}\n") and err.count("\n") == 1
+
+
+def test_a_regression_test_skips_with_the_reason_on_a_version_without_the_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 0.33.0 case passes uniform_decode, which 0.29.0's sync does not take.
+    path = cex.write_regression_test(faulty.idle_case_on_033(tmp_path))
+    test = runpy.run_path(str(path))
+    function = next(v for k, v in test.items() if k.startswith("test_"))
+    monkeypatch.setenv("DPSIM_VLLM", "0.29.0")
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        function()
+    assert str(skipped.value) == (
+        "vllm 0.29.0 cannot run this counterexample: the case passes "
+        "uniform_decode, which vllm 0.29.0's sync does not take"
+    )

@@ -169,6 +169,16 @@ def compare(counterexample: Counterexample, rerun: Rerun) -> str:
     return FAILS_DIFFERENTLY
 
 
+def target_for_tests(counterexample: Counterexample) -> ResolvedTarget:
+    """The target a regression test replays on: the recorded one, or
+    ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``) when set."""
+    return resolve_target(
+        counterexample,
+        os.environ.get("DPSIM_VLLM") or None,
+        os.environ.get("DPSIM_TARGET") or None,
+    )
+
+
 def assert_holds(path: str | Path) -> None:
     """Replay ``path`` in the simulator; fail (AssertionError) while a property fails.
 
@@ -180,11 +190,7 @@ def assert_holds(path: str | Path) -> None:
     from dpsim.report import render_case_run
 
     counterexample = files.read(Path(path))
-    resolved = resolve_target(
-        counterexample,
-        os.environ.get("DPSIM_VLLM") or None,
-        os.environ.get("DPSIM_TARGET") or None,
-    )
+    resolved = target_for_tests(counterexample)
     rerun = replay_in_sim(counterexample, resolved.target)
     if rerun.holds:
         return
