@@ -400,3 +400,17 @@ def test_a_swallowed_ctrl_c_still_stops_the_search_before_the_next_case(
     assert report.not_run == ("profile",)
     # The search's handler is gone again; Python's own is back.
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_output_is_line_buffered_when_piped() -> None:
+    # `dpsim check | tee log` shows each line as it comes, not when a block fills.
+    probe = (
+        "import sys, dpsim.cli as cli\n"
+        "cli.main = lambda argv=None: print(sys.stdout.line_buffering, "
+        "sys.stderr.line_buffering) or 0\n"
+        "cli.run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr

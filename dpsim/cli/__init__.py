@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> None:
+    line_buffered()
     code = main()
     try:
         sys.stdout.flush()  # what is still buffered may meet a closed pipe too
@@ -112,6 +113,15 @@ def run() -> None:
         _silence_stdout()
         code = EXIT_BROKEN_PIPE
     sys.exit(code)
+
+
+def line_buffered() -> None:
+    """Flush stdout and stderr at every line, also when piped (``dpsim check |
+    tee log``): progress and results show as they come, not when a block fills."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
 
 
 def _silence_stdout() -> None:

@@ -167,9 +167,7 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
             seed=arguments.seed,
             database=open_database(arguments.db) if arguments.db else None,
         )
-        progress = (
-            _Progress(target) if sys.stderr.isatty() and not arguments.json else None
-        )
+        progress = None if arguments.json else _Progress(target)
         try:
             report = run_check(target, options, progress)
         except CheckInterrupted as stopped:
@@ -330,22 +328,29 @@ def render_report(report: CheckReport, written: dict[str, Path]) -> str:
 
 
 class _Progress:
-    """One status line on a terminal, redrawn at most five times a second."""
+    """Where the search is, on stderr: on a terminal one status line redrawn at
+    most five times a second; elsewhere (``2>&1 | tee``, CI logs) a line every
+    30 seconds, so a long check still shows it is alive."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.last = 0.0
+        self.tty = sys.stderr.isatty()
+        self.every = 0.2 if self.tty else 30.0
+        self.last = time.monotonic() if not self.tty else 0.0
         self.drawn = False
 
     def __call__(self, scenario: str, done: int, planned: int) -> None:
         now = time.monotonic()
-        if now - self.last < 0.2:
+        if now - self.last < self.every:
             return
         self.last = now
         line = f"checking {self.target.label} · {scenario} · {done}/{planned} cases"
-        sys.stderr.write("\r" + line[:100].ljust(100))
+        if self.tty:
+            sys.stderr.write("\r" + line[:100].ljust(100))
+            self.drawn = True
+        else:
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        self.drawn = True
 
     def close(self) -> None:
         if self.drawn:
