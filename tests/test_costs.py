@@ -547,3 +547,73 @@ def test_validate_bad_trace_names_file_and_line(
     assert f"{trace}:2: rank 1: query lengths: each must be an integer >= 1" in (
         capsys.readouterr().err
     )
+
+
+# -- safety first: an unsafe policy is never best ------------------------------
+
+
+def test_an_unsafe_policy_is_never_best_however_cheap() -> None:
+    from dpsim.costs.compare import ROWS, best_columns
+
+    padding = next(row for row in ROWS if row.label == "padding, all tokens")
+    cheap = summarise("cheap", 2, 4, [EAGER_STEP])  # no padding at all
+    dear = summarise("dear", 2, 4, [GRAPH_STEP])
+    padded_further = StepCost(
+        mode="FULL", real=(3, 0, 5), passed=(3, 1, 5), ran=(16,) * 3
+    )
+    dearer = summarise("dearer", 2, 4, [padded_further])
+    costs = [cheap, dear, dearer]
+    assert best_columns(padding, costs) == {0}
+    # Unsafe, the cheapest is out of the running, and the best safe one wins.
+    assert best_columns(padding, costs, ("cheap",)) == {1}
+    # One safe policy left: nothing to be best against.
+    assert best_columns(padding, costs, ("cheap", "dearer")) == set()
+
+
+def test_known_findings_match_only_unmodified_releases(tmp_path: Path) -> None:
+    from dpsim.known import known_finding
+
+    release = load_target("0.33.0")
+    finding = known_finding(release, "ubatch", "caller", "eager-contagion")
+    assert finding is not None and finding.number == 1
+    assert known_finding(release, "step", "caller", "no-hang") is None
+    # The drafter's reuse path: the contract profile only.
+    assert known_finding(release, "drafter", "contract", "no-hang") is not None
+    assert known_finding(release, "drafter", "caller", "no-hang") is None
+    assert (
+        known_finding(load_target("0.29.0"), "step", "caller", "eager-contagion")
+        is None
+    )
+    # A --target file on the same release may have fixed the bug, or broken
+    # something else the same way: never excused by name.
+    copy = tmp_path / "dp_utils.py"
+    copy.write_text((release.package_dir / "v1/worker/gpu/dp_utils.py").read_text())
+    edited = load_target("0.33.0", copy)
+    assert known_finding(edited, "ubatch", "caller", "eager-contagion") is None
+
+
+@pytest.mark.release
+def test_validate_report_puts_safety_first_and_names_known_bugs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 0.33.0 ignores need_eager when every rank votes to microbatch (finding 1):
+    # the microbatching policy fails through that bug alone.
+    small = _policy(tmp_path, "small", [1, 2, 4, 8, 16, 32, 64, 128])
+    out = tmp_path / "report"
+    arguments = ["policy", "validate", "docs/policies/microbatching.toml", str(small)]
+    arguments += ["--vllm", "0.33.0", "--steps", "20", "--ranks", "2"]
+    arguments += ["--examples", "60", "--profile", "caller", "--out", str(out)]
+    root = Path(__file__).resolve().parent.parent
+    assert main([arg.replace("docs/", f"{root}/docs/") for arg in arguments]) == 1
+    text = capsys.readouterr().out
+    assert "(known bug 1)" in text and "only known bugs of this vLLM" in text
+    assert "known bug 1 of vllm 0.33.0: need_eager is ignored" in text
+    assert "microbatching: " in text and "(UNSAFE: broke a property" in text
+    page = (out / "report.html").read_text()
+    assert page.index("<h2>Safety</h2>") < page.index("<h2>Costs</h2>")
+    assert "microbatching (unsafe)</th>" in page
+    # The unsafe policy's column holds no best cell: only safe policies compete.
+    columns = [row.split("<td")[1:] for row in page.split("<tr>") if "<td" in row]
+    assert all("class='best'" not in cells[0] for cells in columns)
+    costs = json.loads((out / "costs.json").read_text())
+    assert costs["unsafe"] == ["microbatching"]

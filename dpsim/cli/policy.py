@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from dpsim.costs import (
 )
 from dpsim.costs.compare import NothingMeasured
 from dpsim.costs.report import comparison_dict, render_comparison
-from dpsim.costs.safety import SafetyRun, check_policy
+from dpsim.costs.safety import SafetyRun, check_policy, unsafe_policies
 from dpsim.costs.suggest import suggest_policy
 from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
@@ -332,17 +333,28 @@ def _render_safety(runs: list[SafetyRun], written: dict[int, dict[str, Path]]) -
         f"{options.examples} examples per scenario and profile, seed {options.seed}"
     ]
     details = []
+    known: dict[int, str] = {}
     for index, run in enumerate(runs):
         scenarios = ", ".join(r.scenario for r in run.report.runs)
         failing = run.failing()
+        explained = run.known()
+        for finding in explained.values():
+            known[finding.number] = finding.describe(run.report.target)
         if not failing:
             verdict = f"pass ({scenarios})"
         else:
-            broken = ", ".join(f"{prop} in {sc}" for sc, prop in failing.items())
+            broken = ", ".join(
+                f"{prop} in {sc}"
+                + (f" (known bug {explained[sc].number})" if sc in explained else "")
+                for sc, prop in failing.items()
+            )
             verdict = f"FAIL {broken}"
+            if run.only_known:
+                verdict += ": only known bugs of this vLLM"
         lines.append(f"  {run.policy:<16} {run.profile:<9} {verdict}")
         if run.finding is not None:
             details.append(render_report(run.report, written[index]))
+    lines.extend(f"  {text}" for _, text in sorted(known.items()))
     for detail in details:
         lines.append("")
         lines.append(detail)
@@ -370,7 +382,9 @@ def run_validate(arguments: argparse.Namespace) -> int:
     safety_text = _render_safety(runs, written)
     failed = any(run.finding is not None for run in runs)
     try:
-        comparison: Comparison = compare(target, policies, workloads)
+        comparison: Comparison = replace(
+            compare(target, policies, workloads), unsafe=unsafe_policies(runs)
+        )
     except NothingMeasured as nothing:
         if not failed:
             raise
@@ -393,6 +407,12 @@ def run_validate(arguments: argparse.Namespace) -> int:
                             "policy": run.policy,
                             "profile": run.profile,
                             "failing": run.failing(),
+                            # Scenario -> its number in the README's findings.
+                            "known": {
+                                scenario: finding.number
+                                for scenario, finding in run.known().items()
+                            },
+                            "only_known": run.only_known,
                             **summary(run.report, written[index]),
                         }
                         for index, run in enumerate(runs)

@@ -67,15 +67,25 @@ ROWS: tuple[Row, ...] = (
 )
 
 
-def best_columns(row: Row, costs: Sequence[PolicyCost]) -> set[int]:
-    """Indexes of the best value(s) of ``row``; ties are all best; none if all equal."""
-    if row.better is None or len(costs) < 2:
+def best_columns(
+    row: Row, costs: Sequence[PolicyCost], unsafe: Sequence[str] = ()
+) -> set[int]:
+    """Indexes of the best value(s) of ``row``; ties are all best; none if all equal.
+
+    Only safe policies compete: a policy in ``unsafe`` (it broke a property)
+    is never best, however cheap, and its value does not stop a safe policy
+    from being best.
+    """
+    if row.better is None:
         return set()
-    values = [row.value(cost) for cost in costs]
-    target = min(values) if row.better == "low" else max(values)
-    if all(abs(value - target) < 1e-12 for value in values):
+    values = {
+        i: row.value(cost) for i, cost in enumerate(costs) if cost.policy not in unsafe
+    }
+    if len(values) < 2:
         return set()
-    return {i for i, value in enumerate(values) if abs(value - target) < 1e-12}
+    target = min(values.values()) if row.better == "low" else max(values.values())
+    best = {i for i, value in values.items() if abs(value - target) < 1e-12}
+    return set() if len(best) == len(values) else best
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,8 @@ class Comparison:
     steps: tuple[tuple[tuple[StepCost, ...], ...], ...]
     #: Simulator outcomes other than "ok", as lines for the reader.
     notes: tuple[str, ...] = ()
+    #: Policies that broke a property (:mod:`.safety`): never marked best.
+    unsafe: tuple[str, ...] = ()
 
 
 def compare(

@@ -25,7 +25,7 @@ from matplotlib.ticker import ScalarFormatter
 
 from .compare import ROWS, Comparison, best_columns
 from .figures import StepCost
-from .report import FIGURE_NOTES, cell
+from .report import FIGURE_NOTES, cell, unsafe_mark
 
 __all__ = ["padding_by_batch_size", "write_html", "write_plots"]
 
@@ -157,14 +157,19 @@ def write_plots(comparison: Comparison, out: Path) -> tuple[Path, Path]:
 
 def _table_html(comparison: Comparison) -> str:
     parts = []
-    names = "".join(f"<th>{html.escape(n.name)}</th>" for n in comparison.policies)
+    names = "".join(
+        f"<th class='unsafe'>{html.escape(n.name)} (unsafe)</th>"
+        if n.name in comparison.unsafe
+        else f"<th>{html.escape(n.name)}</th>"
+        for n in comparison.policies
+    )
     for dp_size, costs in zip(comparison.dp_sizes, comparison.costs, strict=True):
         parts.append(
             f"<h3>DP {dp_size} ({costs[0].steps} steps)</h3>"
             f"<table><tr><th>figure</th>{names}</tr>"
         )
         for row in ROWS:
-            best = best_columns(row, costs)
+            best = best_columns(row, costs, comparison.unsafe)
             cells = "".join(
                 f"<td class='best'>{cell(row, cost)}</td>"
                 if i in best
@@ -182,6 +187,8 @@ table { border-collapse: collapse; margin-bottom: 1em; }
 th, td { border: 1px solid #ced4da; padding: 0.25em 0.6em; text-align: right; }
 th:first-child { text-align: left; }
 td.best { background: #d3f9d8; font-weight: bold; }
+th.unsafe { background: #ffe3e3; }
+.verdict { font-size: 1.2em; font-weight: bold; }
 pre { background: #f1f3f5; padding: 0.8em; overflow-x: auto; }
 img { max-width: 100%; }
 """
@@ -190,7 +197,8 @@ img { max-width: 100%; }
 def write_html(
     comparison: Comparison, safety_text: str, images: Sequence[Path], out: Path
 ) -> Path:
-    """``report.html`` under ``out``: tables, safety verdicts, inlined images."""
+    """``report.html`` under ``out``: safety verdicts first (a cost means
+    nothing for a policy that hangs), then tables and inlined images."""
     figures = "\n".join(
         "<img alt='{}' src='data:image/png;base64,{}'>".format(
             html.escape(image.stem),
@@ -199,9 +207,14 @@ def write_html(
         for image in images
     )
     policies = "".join(
-        f"<li><b>{html.escape(n.name)}</b>: {html.escape(n.origin)}</li>"
+        f"<li><b>{html.escape(n.name)}</b>: {html.escape(n.origin)}"
+        f"{html.escape(unsafe_mark(comparison, n.name))}</li>"
         for n in comparison.policies
     )
+    if comparison.unsafe:
+        verdict = "Unsafe: " + ", ".join(comparison.unsafe) + " broke a property."
+    else:
+        verdict = "No policy broke a property in the cases run."
     notes = "".join(f"<li>{html.escape(note)}</li>" for note in FIGURE_NOTES)
     extra = "".join(f"<li>{html.escape(note)}</li>" for note in comparison.notes)
     page = f"""<!DOCTYPE html>
@@ -210,14 +223,16 @@ def write_html(
 <style>{_STYLE}</style></head>
 <body>
 <h1>Capture policies on {html.escape(comparison.target)}</h1>
-<p>Workload: {html.escape(comparison.workload)}. Best value in each row in green.</p>
 <ul>{policies}</ul>
+<h2>Safety</h2>
+<p class='verdict'>{html.escape(verdict)}</p>
+<pre>{html.escape(safety_text)}</pre>
 <h2>Costs</h2>
+<p>Workload: {html.escape(comparison.workload)}. Best value in each row in green,
+among the policies that broke no property: an unsafe policy is never best.</p>
 {_table_html(comparison)}
 <ul>{notes}{extra}</ul>
 {figures}
-<h2>Safety</h2>
-<pre>{html.escape(safety_text)}</pre>
 </body>
 </html>
 """

@@ -12,7 +12,13 @@ from typing import Any
 from .compare import ROWS, Comparison, Row, best_columns
 from .figures import PolicyCost
 
-__all__ = ["FIGURE_NOTES", "cell", "comparison_dict", "render_comparison"]
+__all__ = [
+    "FIGURE_NOTES",
+    "cell",
+    "comparison_dict",
+    "render_comparison",
+    "unsafe_mark",
+]
 
 #: What each figure means, printed under the table and in the HTML report.
 FIGURE_NOTES = (
@@ -34,16 +40,25 @@ def cell(row: Row, cost: PolicyCost) -> str:
     return f"{value:.1%}" if row.percent else f"{value:g}"
 
 
+def unsafe_mark(comparison: Comparison, name: str) -> str:
+    """What follows an unsafe policy's name wherever it is listed."""
+    if name not in comparison.unsafe:
+        return ""
+    return " (UNSAFE: broke a property, see safety; never marked best)"
+
+
 def render_comparison(comparison: Comparison) -> str:
     names = [named.name for named in comparison.policies]
     label_width = max(len(row.label) for row in ROWS) + 2
     widths = [max(len(name), 9) + 1 for name in names]
     lines = [
         f"costs on {comparison.target}, workload {comparison.workload} "
-        "(* = best in its row)"
+        "(* = best in its row among the safe policies)"
     ]
     for named in comparison.policies:
-        lines.append(f"  {named.name}: {named.origin}")
+        lines.append(
+            f"  {named.name}: {named.origin}{unsafe_mark(comparison, named.name)}"
+        )
     for dp_size, costs in zip(comparison.dp_sizes, comparison.costs, strict=True):
         lines.append("")
         header = f"DP {dp_size} ({costs[0].steps} steps)".ljust(label_width)
@@ -51,7 +66,7 @@ def render_comparison(comparison: Comparison) -> str:
             header + "".join(n.rjust(w) for n, w in zip(names, widths, strict=True))
         )
         for row in ROWS:
-            best = best_columns(row, costs)
+            best = best_columns(row, costs, comparison.unsafe)
             cells = [
                 (cell(row, cost) + ("*" if i in best else " ")).rjust(width)
                 for i, (cost, width) in enumerate(zip(costs, widths, strict=True))
@@ -99,4 +114,5 @@ def comparison_dict(comparison: Comparison) -> dict[str, Any]:
             for cost in costs
         ],
         "notes": list(comparison.notes),
+        "unsafe": list(comparison.unsafe),
     }

@@ -7,10 +7,12 @@ runs by default (it fits every scenario to a policy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, CheckReport, Finding, run_check
+from dpsim.known import KnownFinding, known_finding
 from dpsim.scenarios import PROFILES
 from dpsim.scenarios.generate import scenarios_for
 from dpsim.targets.load import Target
@@ -19,6 +21,7 @@ __all__ = [
     "SafetyRun",
     "check_policy",
     "scenarios_of",
+    "unsafe_policies",
 ]
 
 
@@ -42,6 +45,29 @@ class SafetyRun:
             for run in self.report.runs
             if run.finding is not None
         }
+
+    def known(self) -> dict[str, KnownFinding]:
+        """Failing scenario -> the known bug of the target it is, where it is one."""
+        found = {}
+        for scenario, prop in self.failing().items():
+            finding = known_finding(self.report.target, scenario, self.profile, prop)
+            if finding is not None:
+                found[scenario] = finding
+        return found
+
+    @property
+    def only_known(self) -> bool:
+        """It failed, and every failure is a known bug of the target."""
+        failing = self.failing()
+        return bool(failing) and failing.keys() == self.known().keys()
+
+
+def unsafe_policies(runs: Sequence[SafetyRun]) -> tuple[str, ...]:
+    """The policies that broke a property under some profile, in order.
+
+    A known bug of the target counts: the policy is unsafe on that version.
+    """
+    return tuple(dict.fromkeys(run.policy for run in runs if run.failing()))
 
 
 def scenarios_of(target: Target, policy: CapturePolicy) -> tuple[str, ...]:
