@@ -35,8 +35,10 @@ import json
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 from dpsim import allowances
@@ -77,14 +79,15 @@ def run_isolated(
         os.close(reading)
         _child(writing, work, allowance)
     os.close(writing)
-    try:
-        data = _read_all(reading, pid)
-    finally:
-        os.close(reading)
-    status = _wait(pid)
-    sent = None if data is None else _decode(data)
-    if data is None or (sent is None and _signal(status) == signal.SIGINT):
-        # Ctrl-C, the second one (the first lets the child report): no error.
+    with _counting_interrupts(pid) as interrupts:
+        try:
+            data = _read_all(reading)
+        finally:
+            os.close(reading)
+        status = _wait(pid)
+    sent = _decode(data)
+    if sent is None and (interrupts.killed or _signal(status) == signal.SIGINT):
+        # The second Ctrl-C (the first lets the child report): no error.
         code, error = EXIT_INTERRUPTED, "interrupted"
         stdout, stderr = "", "dpsim: interrupted\n"
     elif sent is None:
@@ -209,32 +212,53 @@ def _send(writing: int, data: bytes) -> None:
 # -- the parent --------------------------------------------------------------
 
 
-def _read_all(reading: int, pid: int) -> bytes | None:
-    """All the child sends; None if a second Ctrl-C made the parent kill it."""
+class _Interrupts:
+    """The parent's SIGINT handler while a child runs: count, never raise.
+
+    Raising ``KeyboardInterrupt`` in the parent could land between a read
+    returning the child's report and its being kept, losing the report; so
+    the first Ctrl-C only counts (the child got it too, and reports), and the
+    second kills the child.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.count = 0
+        self.killed = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count >= 2 and not self.killed:
+            self.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _counting_interrupts(pid: int) -> Iterator[_Interrupts]:
+    interrupts = _Interrupts(pid)
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupts  # signals reach only the main thread: nothing to catch
+        return
+    previous = signal.signal(signal.SIGINT, interrupts)
+    try:
+        yield interrupts
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _read_all(reading: int) -> bytes:
     chunks: list[bytes] = []
-    interrupted = False
-    while True:
-        try:
-            chunk = os.read(reading, _READ_SIZE)
-        except KeyboardInterrupt:
-            if interrupted:
-                os.kill(pid, signal.SIGKILL)
-                return None
-            interrupted = True
-            continue
-        if not chunk:
-            return b"".join(chunks)
+    while chunk := os.read(reading, _READ_SIZE):
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _wait(pid: int) -> int:
-    while True:
-        try:
-            return os.waitpid(pid, 0)[1]
-        except KeyboardInterrupt:
-            continue  # the child is ending already: its status is the answer
-        except ChildProcessError:
-            return 0
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return 0
 
 
 def _decode(data: bytes) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -228,6 +229,33 @@ def test_a_child_ended_by_a_second_ctrl_c_is_interrupted_not_an_error(
 
     assert run_isolated(second_ctrl_c, allowance=GENEROUS) == 130
     assert capsys.readouterr().err == "dpsim: interrupted\n"
+
+
+def test_one_ctrl_c_in_the_parent_waits_for_the_childs_report(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def interrupt_then_report() -> int:
+        os.kill(os.getppid(), signal.SIGINT)
+        print("the report")
+        return 1
+
+    assert run_isolated(interrupt_then_report, allowance=GENEROUS) == 1
+    assert capsys.readouterr().out == "the report\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_in_the_parent_kills_a_child_that_does_not_stop(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def never_stops() -> int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while True:  # until the parent, counting two, kills this process
+            os.kill(os.getppid(), signal.SIGINT)
+            time.sleep(0.05)
+
+    assert run_isolated(never_stops, allowance=GENEROUS, json_errors=True) == 130
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {"verdict": "error", "message": "interrupted"}
 
 
 def test_the_childs_report_and_status_come_back(
