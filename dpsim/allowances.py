@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-limit",
         metavar="SIZE",
         help=f"memory the target's process may use, e.g. 8G, 512M or none "
-        f"(default: ${MEMORY_ENV}, else {DEFAULT_MEMORY_SHARE:.0%} of this machine's)",
+        f"(default: ${MEMORY_ENV}, else {DEFAULT_MEMORY_SHARE * 100:.0f}%% of this "
+        "machine's)",
     )
     parser.add_argument(
         "--cpu-limit",
@@ -74,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_CPU_SECONDS,
         metavar="SECONDS",
         help="CPU seconds the target may use to load, and then per case "
-        f"(default {DEFAULT_CPU_SECONDS}); past it the check stops with an error",
+        f"(default {DEFAULT_CPU_SECONDS}); past it the run stops with an error",
     )
 
 

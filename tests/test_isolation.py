@@ -394,6 +394,19 @@ def test_an_out_that_does_not_exist_yet_is_not_created_by_the_check(
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("command", ["check", "replay"])
+def test_help_documents_the_allowances_and_the_rank_maximum(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--memory-limit SIZE" in text and "75% of this machine's" in text
+    assert "--cpu-limit SECONDS" in text
+    if command == "check":
+        assert "at most 1,024" in text
+
+
 @pytest.mark.parametrize(
     ("text", "size"),
     [
