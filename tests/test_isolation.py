@@ -364,13 +364,15 @@ def test_bad_limits_and_outputs_are_one_line_before_any_run(
     assert len(lines) == 1 and message in lines[0] and captured.out == ""
 
 
-@pytest.mark.parametrize("command", ["check", "fuzz", "versions", "mutate"])
+@pytest.mark.parametrize(
+    "command", ["check", "fuzz", "versions", "mutate", "policy validate a.toml"]
+)
 def test_every_command_refuses_an_out_that_is_a_file_before_its_run(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     file = tmp_path / "report"
     file.write_text("")
-    assert main([command, "--out", str(file)]) == 2
+    assert main([*command.split(), "--out", str(file)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"dpsim: error: --out {file}: is not a directory"]
 

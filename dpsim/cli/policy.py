@@ -17,7 +17,7 @@ from typing import Any
 
 from dpsim.capture.policy import CapturePolicy, load_policy
 from dpsim.capture.table import capture_table
-from dpsim.cli import add_command
+from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import (
     add_target_arguments,
     render_report,
@@ -366,6 +366,7 @@ def run_validate(arguments: argparse.Namespace) -> int:
 
     if arguments.suggest is not None and arguments.suggest < 1:
         raise UsageError("--suggest: the budget must be at least 1 graph")
+    check_output_directory(Path(arguments.out), "--out")
     policies = _named_policies(arguments.policies)
     # Before the target loads: a workload refused is refused at once.
     workloads = _workloads(arguments, policies)
