@@ -414,3 +414,16 @@ def test_output_is_line_buffered_when_piped() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=False
     )
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dpsim.cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt  # as if Ctrl-C came while torch imports
+
+    monkeypatch.setattr(dpsim.cli, "build_parser", interrupted)
+    assert main(["check"]) == 130
+    assert capsys.readouterr().err == "dpsim: interrupted\n"

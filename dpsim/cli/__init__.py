@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,8 +85,10 @@ def command_modules() -> list[ModuleType]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     try:
+        # Inside: building the parser imports every command (torch among
+        # them), seconds in which a Ctrl-C must not print a traceback.
+        parser = build_parser()
         arguments = parser.parse_args(argv)
         if arguments.command is None:
             parser.print_help()
@@ -107,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run() -> None:
     line_buffered()
     code = main()
+    # From here on a Ctrl-C ends the process at once and quietly: raised in an
+    # exit handler (torch registers some), it would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         sys.stdout.flush()  # what is still buffered may meet a closed pipe too
     except BrokenPipeError:
