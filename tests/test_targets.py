@@ -396,3 +396,29 @@ def test_a_tree_whose_lenient_module_does_not_compile_is_refused(
     assert str(refused.value) == (
         f"{compilation}:{line}: cannot compile ('return' outside function)"
     )
+
+
+def test_a_module_that_exits_while_loading_is_one_line_not_the_end_of_dpsim(
+    tmp_path: Path,
+    release_file: Callable[[str, str], Path],
+    write_module: Callable[..., Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The file under test (run strictly), and a lenient module of a tree.
+    exits = write_module("dp_utils.py", "import sys\nsys.exit(0)\n")
+    assert main(["targets", "--target", str(exits), "--vllm", "0.29.0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"dpsim: error: {exits}:2: raised SystemExit(0) while loading: "
+        "dpsim cannot run it"
+    )
+    tree = tmp_path / "checkout"
+    shutil.copytree(release_file("0.29.0", ""), tree / "vllm")
+    compilation = tree / "vllm" / "config" / "compilation.py"
+    source = compilation.read_text()
+    compilation.write_text(source + "raise SystemExit(3)\n")
+    with pytest.raises(TargetError) as refused:
+        load_target(str(tree))
+    line = source.count("\n") + 1
+    assert str(refused.value) == (
+        f"{compilation}:{line}: raised SystemExit(3) while loading: dpsim cannot run it"
+    )
