@@ -181,3 +181,38 @@ def test_releases_rules(version: str, release) -> None:
         "varlen_decode",
         "ubatch_runner",
     }
+
+
+@pytest.mark.release
+def test_the_false_alarms_policy_is_named_unbuildable(release) -> None:
+    from dpsim.capture.policy import CapturePolicy
+    from dpsim.targets.buildable import rules_of
+
+    rules = rules_of(release("0.33.0"))
+    # The policy of the no-hang false alarm that the caller profile once drew.
+    alarm = CapturePolicy(
+        capture_sizes=(1, 3),
+        cudagraph_mode="FULL_DECODE_ONLY",
+        max_num_seqs=1,
+        decode_query_len=2,
+        lora_capture_cases=(1,),
+        microbatching=Microbatching(2, 0, 0),
+    )
+    assert rules.unbuildable(alarm) == "LoRA cases [1] are no LoRA configuration's"
+    fixed_lora = CapturePolicy(
+        capture_sizes=(1, 3),
+        lora_capture_cases=(0, 1, 2),
+        microbatching=Microbatching(2, 0, 0),
+    )
+    assert rules.unbuildable(fixed_lora) == (
+        "microbatching thresholds 0/0 are refused by ParallelConfig for 2 microbatches"
+    )
+    tight = CapturePolicy(capture_sizes=(1, 3), max_capture_size=2)
+    assert "max_capture_size 2 is not the largest" in str(rules.unbuildable(tight))
+    drafted = CapturePolicy(
+        capture_sizes=(1,),
+        decode_query_len=2,
+        drafter=CapturePolicy(capture_sizes=(1,), lora_capture_cases=(0, 2)),
+    )
+    assert str(rules.unbuildable(drafted)).startswith("drafter has LoRA cases")
+    assert rules.unbuildable(CapturePolicy(capture_sizes=(1, 3))) is None

@@ -203,6 +203,49 @@ class BuildRules:
             ),
         )
 
+    # -- a whole policy ---------------------------------------------------
+
+    def unbuildable(self, policy: CapturePolicy) -> str | None:
+        """Why the release would not build ``policy``, in one line, or None.
+
+        For a policy that claims the caller profile (a counterexample file,
+        say) but did not come from these rules.
+        """
+        tables = [("", policy)]
+        if policy.drafter is not None:
+            tables.append(("drafter ", policy.drafter))
+        for who, table in tables:
+            cases = table.lora_capture_cases
+            if (
+                cases is not None
+                and self.lora_capture_cases_fn is not None
+                and self.max_loras(cases) is None
+            ):
+                return f"{who}LoRA cases {list(cases)} are no LoRA configuration's"
+            settings = table.microbatching
+            if settings is not None and not self.accepts_thresholds(settings):
+                return (
+                    f"{who}microbatching thresholds "
+                    f"{settings.decode_token_threshold}/"
+                    f"{settings.prefill_token_threshold} are refused by "
+                    f"ParallelConfig for {settings.num_ubatches} microbatches"
+                )
+            ceiling = table.max_capture_size
+            if ceiling is not None and not self.accepts_ceiling(
+                table.capture_sizes, ceiling
+            ):
+                return (
+                    f"{who}max_capture_size {ceiling} is not the largest capture "
+                    "size, which CompilationConfig requires"
+                )
+        drafter = policy.drafter
+        if drafter is not None and self.drafter_table(drafter) != drafter:
+            return (
+                "drafter has LoRA cases, varlen decode or microbatching, "
+                "which no speculator of this release gives its manager"
+            )
+        return None
+
 
 def _drafter_arguments(
     package_dir: Path, parameters: tuple[str, ...]
