@@ -74,7 +74,8 @@ def register(commands: Any) -> None:
         type=int,
         default=DEFAULT_EXAMPLES,
         metavar="N",
-        help=f"cases per scenario (default {DEFAULT_EXAMPLES})",
+        help=f"cases generated per scenario (default {DEFAULT_EXAMPLES}); a failure "
+        "is then shrunk, which runs more cases, counted apart",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
