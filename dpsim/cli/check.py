@@ -53,8 +53,10 @@ examples:
   dpsim check --target ./dp_utils.py --vllm 0.33.0 --property agreement
   dpsim check --profile contract --scenario step --json
 
-A failure prints the shrunk counterexample as a per-rank table and writes it
-to --out as JSON; `dpsim replay FILE` reruns it.
+Each failing scenario's shrunk counterexample is printed as a per-rank table
+and written to --out as JSON, with a pytest regression test beside it;
+`dpsim replay FILE` reruns it. Ctrl-C stops early and still prints the summary
+so far and writes what was found (exit 130); a second Ctrl-C stops at once.
 """
 
 
