@@ -617,3 +617,22 @@ def test_a_regression_test_skips_with_the_reason_on_a_version_without_the_case(
         "vllm 0.29.0 cannot run this counterexample: the case passes "
         "uniform_decode, which vllm 0.29.0's sync does not take"
     )
+
+
+def test_a_ubatch_regression_test_skips_on_a_release_without_microbatching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpsim.properties import PROPERTY_NAMES
+
+    target = load_target("0.33.0")
+    report = run_check(target, CheckOptions(scenarios=("ubatch",), examples=300))
+    finding = report.runs[0].finding
+    assert finding is not None  # 0.33.0's findings 1 and 2 (README)
+    written = cex.save(
+        target, finding.case, finding.result, finding.verdicts, PROPERTY_NAMES, tmp_path
+    )
+    test = runpy.run_path(str(cex.write_regression_test(written)))
+    function = next(v for k, v in test.items() if k.startswith("test_"))
+    monkeypatch.setenv("DPSIM_VLLM", "0.29.0")
+    with pytest.raises(pytest.skip.Exception, match="has no 'ubatch' scenario"):
+        function()
