@@ -102,7 +102,7 @@ def test_events_are_recorded_with_their_place_among_collectives() -> None:
         ("before", 0, {"rank": 1}),
         ("after", 1, {"value": 1}),
     ]
-    assert result.as_dict()["ranks"][1]["events"][1] == {
+    assert result.to_dict()["ranks"][1]["events"][1] == {
         "kind": "after",
         "after_collectives": 1,
         "payload": {"value": 1},

@@ -78,7 +78,7 @@ def build(
         properties=properties,
         verdicts=tuple(verdict.to_dict() for verdict in verdicts),
         outcome=str(result.outcome.value),
-        trace=result.as_dict(),
+        trace=result.to_dict(),
         dpsim_version=dpsim.__version__,
     )
 
@@ -222,7 +222,7 @@ def rerun_dict(
     return {
         "outcome": str(result.outcome.value),
         "verdicts": list(verdicts),
-        "trace": result.as_dict(),
+        "trace": result.to_dict(),
     }
 
 

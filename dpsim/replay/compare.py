@@ -33,7 +33,7 @@ def disagreements(
             f"outcome: simulator {simulated.outcome.value}, real {real.outcome.value}"
         )
     for sim_rank, real_rank in zip(
-        simulated.as_dict()["ranks"], real.as_dict()["ranks"], strict=True
+        simulated.to_dict()["ranks"], real.to_dict()["ranks"], strict=True
     ):
         for name in _RANK_FIELDS:
             if sim_rank[name] != real_rank[name]:
@@ -41,8 +41,8 @@ def disagreements(
                     f"rank {sim_rank['rank']} {name}: simulator {_short(sim_rank[name])}"
                     f", real {_short(real_rank[name])}"
                 )
-    sim_incomplete = [item.as_dict() for item in simulated.incomplete]
-    real_incomplete = [item.as_dict() for item in real.incomplete]
+    sim_incomplete = [item.to_dict() for item in simulated.incomplete]
+    real_incomplete = [item.to_dict() for item in real.incomplete]
     if sim_incomplete != real_incomplete:
         lines.append(
             f"incomplete collectives: simulator {_short(sim_incomplete)}, "

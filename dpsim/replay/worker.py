@@ -100,7 +100,7 @@ def _run(job: RankJob, stream: Any) -> int:
         except StepBudgetExceeded:
             log.write(budget=world.steps)
         except BaseException as error:
-            log.write(raised=describe_exception(error).as_dict(), steps=world.steps)
+            log.write(raised=describe_exception(error).to_dict(), steps=world.steps)
         else:
             log.write(finished=returned, steps=world.steps)
     job.path("done").touch()

@@ -2,7 +2,7 @@
 
 Properties judge these records and nothing else, and counterexample files store
 them, so they hold only plain, deterministic data: no tensors, no rendered text,
-no addresses or wall-clock times. ``as_dict()`` / ``to_json()`` give the same
+no addresses or wall-clock times. ``to_dict()`` / ``to_json()`` give the same
 bytes for the same run in any process. Building them is kept off the simulator's
 hot path: the simulator keeps cheap tuples while ranks run and converts once at
 the end.
@@ -79,7 +79,7 @@ class Signature:
     dtype: str | None  # e.g. "torch.int32"; None for barrier
     src: int | None  # global source rank for broadcast, else None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "op": self.op,
@@ -111,7 +111,7 @@ class CollectiveRecord:
     to be converted from tensors on first access and then kept: a contribution
     is O(members) values, so converting every record of an N-rank run up front
     costs O(N^2) whether anyone reads them or not. Equality, ``repr``,
-    ``as_dict()`` and JSON see the same lists either way.
+    ``to_dict()`` and JSON see the same lists either way.
     """
 
     group: str
@@ -190,11 +190,11 @@ class CollectiveRecord:
         # Pickle and copy the plain record, not the tensors it was built from.
         return {name: getattr(self, name) for name in _RECORD_FIELDS}
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "seq": self.seq,
-            **self.signature.as_dict(),
+            **self.signature.to_dict(),
             "contribution": self.contribution,
             "result": self.result,
             "async": self.is_async,
@@ -217,7 +217,7 @@ class Event:
     after_collectives: int
     payload: dict[str, Any]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "after_collectives": self.after_collectives,
@@ -233,7 +233,7 @@ class ErrorInfo:
     message: str
     where: str  # innermost frame, "file.py:LINE in function"
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "message": self.message, "where": self.where}
 
 
@@ -246,12 +246,12 @@ class Peer:
     #: rank; None when it has not entered at all.
     entered_as: Signature | None
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "entered_as": None
             if self.entered_as is None
-            else self.entered_as.as_dict(),
+            else self.entered_as.to_dict(),
         }
 
 
@@ -266,14 +266,14 @@ class WaitInfo:
     missing: tuple[int, ...]  # members that never entered
     disagreeing: tuple[Peer, ...]  # members that entered with another signature
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "seq": self.seq,
-            **self.signature.as_dict(),
+            **self.signature.to_dict(),
             "async": self.is_async,
             "missing": list(self.missing),
-            "disagreeing": [peer.as_dict() for peer in self.disagreeing],
+            "disagreeing": [peer.to_dict() for peer in self.disagreeing],
         }
 
 
@@ -364,16 +364,16 @@ class RankTrace:
         # Pickle and copy the plain trace, not the run's log it was built from.
         return {name: getattr(self, name) for name in _TRACE_FIELDS}
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "rank": self.rank,
             "state": self.state.value,
             "returned": self.returned,
-            "error": None if self.error is None else self.error.as_dict(),
-            "waiting": None if self.waiting is None else self.waiting.as_dict(),
+            "error": None if self.error is None else self.error.to_dict(),
+            "waiting": None if self.waiting is None else self.waiting.to_dict(),
             "steps": self.steps,
-            "collectives": [record.as_dict() for record in self.collectives],
-            "events": [event.as_dict() for event in self.events],
+            "collectives": [record.to_dict() for record in self.collectives],
+            "events": [event.to_dict() for event in self.events],
         }
 
 
@@ -392,7 +392,7 @@ class IncompleteCollective:
     missing: tuple[int, ...]
     mismatched: bool
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "seq": self.seq,
@@ -450,18 +450,18 @@ class SimResult:
         fields["incomplete"] = incomplete
         return result
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "outcome": self.outcome.value,
-            "ranks": [trace.as_dict() for trace in self.ranks],
+            "ranks": [trace.to_dict() for trace in self.ranks],
             "choices": list(self.choices),
             "groups": {name: list(members) for name, members in self.groups},
-            "incomplete": [item.as_dict() for item in self.incomplete],
+            "incomplete": [item.to_dict() for item in self.incomplete],
         }
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(
-            self.as_dict(), sort_keys=True, indent=indent, separators=(",", ":")
+            self.to_dict(), sort_keys=True, indent=indent, separators=(",", ":")
         )
 
     def returns(self) -> list[Any]:
