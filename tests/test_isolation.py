@@ -24,9 +24,9 @@ from faults import BASE, VOTING
 from dpsim import allowances
 from dpsim.allowances import Allowance, parse_size
 from dpsim.cli import EXIT_BROKEN_PIPE, main
-from dpsim.cli.check import parse_ranks
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_NO_VERDICT, died, run_isolated
+from dpsim.options import parse_ranks
 
 CORRECT = VOTING.replace("PAD_FROM", "int(counts.max())")
 GENEROUS = Allowance(memory=None, cpu_seconds=60)

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dpsim import allowances, cex
-from dpsim.capture.policy import load_policy
+from dpsim import allowances
+from dpsim.capture.policy_files import load_policy
+from dpsim.cex.findings import write_counterexamples
 from dpsim.check import (
     DEFAULT_EXAMPLES,
     CheckInterrupted,
@@ -33,6 +34,7 @@ from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS
+from dpsim.options import parse_ranks
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
@@ -127,23 +129,6 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_ranks(text: str) -> tuple[int, int]:
-    try:
-        if ".." in text:
-            low, high = (int(part) for part in text.split("..", 1))
-        else:
-            low = high = int(text)
-    except ValueError:
-        raise UsageError(
-            f"--ranks {text!r}: expected N or LO..HI, e.g. 2..16"
-        ) from None
-    if not 1 <= low <= high:
-        raise UsageError(f"--ranks {text!r}: need 1 <= LO <= HI")
-    if high > MAX_RANKS:
-        raise UsageError(f"--ranks {text!r}: at most {MAX_RANKS:,} ranks")
-    return low, high
-
-
 def run(arguments: argparse.Namespace) -> int:
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
@@ -188,29 +173,6 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
     if report.interrupted:
         return EXIT_INTERRUPTED
     return 0 if report.passed else 1
-
-
-def write_counterexamples(report: CheckReport, out: Path) -> dict[str, Path]:
-    """Each failing scenario's counterexample under ``out``: scenario -> file.
-
-    Beside each, a pytest file that fails while the bug is there
-    (:mod:`dpsim.cex.regression`).
-    """
-    written = {}
-    for failed in report.failures:
-        finding = failed.finding
-        assert finding is not None
-        path = cex.save(
-            report.target,
-            finding.case,
-            finding.result,
-            finding.verdicts,
-            report.options.properties or PROPERTY_NAMES,
-            out,
-        )
-        cex.write_regression_test(path)
-        written[failed.scenario] = path
-    return written
 
 
 def _verdict(report: CheckReport) -> str:

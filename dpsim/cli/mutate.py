@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsim.cli import check_output_directory
-from dpsim.cli.check import add_target_arguments, parse_ranks
+from dpsim.cli.check import add_target_arguments
 from dpsim.errors import UsageError
 from dpsim.mutate import (
     DEFAULT_EXAMPLES,
@@ -29,6 +29,7 @@ from dpsim.mutate import (
     summary,
     write,
 )
+from dpsim.options import parse_ranks
 from dpsim.scenarios import PROFILES
 from dpsim.targets import DEFAULT_RELEASE, load_target
 from dpsim.targets.load import DP_UTILS_MODULE

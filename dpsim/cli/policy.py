@@ -15,15 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dpsim.capture.policy import CapturePolicy, load_policy
+from dpsim.capture.policy_files import load_policy
 from dpsim.capture.table import capture_table
+from dpsim.cex.findings import write_counterexamples
 from dpsim.cli import add_command, check_output_directory
-from dpsim.cli.check import (
-    add_target_arguments,
-    render_report,
-    summary,
-    write_counterexamples,  # the same files `dpsim check` writes, by its own code
-)
+from dpsim.cli.check import add_target_arguments, render_report, summary
 from dpsim.costs import (
     BUILTIN_WORKLOADS,
     Comparison,
@@ -41,10 +37,11 @@ from dpsim.costs.suggest import suggest_policy
 from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS, int_problem
+from dpsim.records.policy import CapturePolicy, ManagerConfig
 from dpsim.report import describe_policy
 from dpsim.scenarios import PROFILES
 from dpsim.scenarios.run import PolicyRefused, manager_for, tables_for
-from dpsim.targets import DEFAULT_RELEASE, ManagerConfig, load_target
+from dpsim.targets import DEFAULT_RELEASE, load_target
 from dpsim.targets.load import Target
 
 HELP = "show a policy's capture table, or validate policies: safety and cost"

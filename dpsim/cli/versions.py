@@ -8,8 +8,8 @@ from typing import Any
 
 from dpsim.check import CheckOptions
 from dpsim.cli import add_command, check_output_directory
-from dpsim.cli.check import parse_ranks
 from dpsim.errors import UsageError
+from dpsim.options import parse_ranks
 from dpsim.scenarios import PROFILES
 from dpsim.versions import (
     SUPPORTED_RELEASES,

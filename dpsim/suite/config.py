@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsim.errors import UsageError
+from dpsim.options import parse_ranks
 
 if TYPE_CHECKING:
-    from dpsim.capture.policy import CapturePolicy
+    from dpsim.records.policy import CapturePolicy
     from dpsim.targets.load import Target
 
 #: Bumped when the meaning of a stored example changes, so old ones are not
@@ -47,8 +48,8 @@ class SuiteOptions:
     out: str = "dpsim-out"
 
     def validate(self) -> None:
-        """Refuse a bad profile early; ranks are parsed where they are used,
-        since their parser lives with torch-importing code."""
+        """Refuse a bad profile when the session starts; the ranks are
+        parsed when the suite first resolves (:func:`resolve`)."""
         profiles = ("caller", "contract")  # dpsim.scenarios.PROFILES, without torch
         if self.profile not in profiles:
             raise UsageError(
@@ -63,8 +64,6 @@ class SuiteOptions:
         cases is kept in, so one configuration never replays, and then
         deletes as stale, another's counterexamples.
         """
-        from dpsim.cli.check import parse_ranks
-
         low, high = parse_ranks(self.ranks)
         policy = "any"
         if self.policy:
@@ -82,8 +81,7 @@ class SuiteOptions:
 @functools.lru_cache(maxsize=8)
 def resolve(options: SuiteOptions) -> SuiteConfig:
     """Load the target and policy once per process and configuration."""
-    from dpsim.capture.policy import load_policy
-    from dpsim.cli.check import parse_ranks
+    from dpsim.capture.policy_files import load_policy
     from dpsim.targets import load_target
 
     options.validate()
