@@ -444,11 +444,3 @@ def _extract(wheel: Path, into: Path) -> dict[str, str]:
             target.write_bytes(data)
             digests[name] = hashlib.sha256(data).hexdigest()
     return dict(sorted(digests.items()))
-
-
-def remove_release(version: str, root: Path | None = None) -> bool:
-    entry = release_dir(version, root)
-    if not entry.exists():
-        return False
-    shutil.rmtree(entry)
-    return True
