@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, run_check
+from dpsim.records.policy import CapturePolicy
 from dpsim.sim import measure
 from dpsim.targets import SyncInputs
 from dpsim.targets.load import Target

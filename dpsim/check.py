@@ -35,9 +35,9 @@ from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.properties import Property, Verdict, judge, select
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios import Case, PolicyRefused, run_case
 from dpsim.scenarios.generate import (
     DEFAULT_RANKS,

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.properties.base import Evidence, Phase
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.case import POLICY_SPACES, Case
 from dpsim.sim import render_table
 from dpsim.terminal import printable

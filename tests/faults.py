@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpsim.capture.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios import Case, RankBatch
 from dpsim.targets.cache import ensure_release
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dpsim.errors import TargetError
-from dpsim.targets import Microbatching
+from dpsim.records.policy import Microbatching
 from dpsim.targets.buildable import captured_lora_counts, rules_for
 
 #: A ParallelConfig with one threshold rule, written for these tests.
@@ -133,7 +133,7 @@ def test_without_lora_utils_there_are_no_lora_cases(tmp_path: Path) -> None:
 
 
 def test_drafter_tables_get_only_what_the_speculators_pass(tmp_path: Path) -> None:
-    from dpsim.capture.policy import CapturePolicy
+    from dpsim.records.policy import CapturePolicy
 
     spec = {"v1/worker/gpu/spec_decode/ar/speculator.py": _SPECULATOR}
     rules = rules_for(_package(tmp_path, spec), None, _Manager)
@@ -150,7 +150,7 @@ def test_drafter_tables_get_only_what_the_speculators_pass(tmp_path: Path) -> No
 def test_a_speculator_call_that_hides_its_arguments_keeps_the_drafter(
     tmp_path: Path,
 ) -> None:
-    from dpsim.capture.policy import CapturePolicy
+    from dpsim.records.policy import CapturePolicy
 
     hidden = _SPECULATOR.replace("mode, steps + 1)", "*arguments)")
     spec = {"v1/worker/gpu/spec_decode/ar/speculator.py": hidden}
@@ -185,7 +185,7 @@ def test_releases_rules(version: str, release) -> None:
 
 @pytest.mark.release
 def test_the_false_alarms_policy_is_named_unbuildable(release) -> None:
-    from dpsim.capture.policy import CapturePolicy
+    from dpsim.records.policy import CapturePolicy
     from dpsim.targets.buildable import rules_of
 
     rules = rules_of(release("0.33.0"))

@@ -17,9 +17,9 @@ import pytest
 from faults import VOTING
 
 from dpsim import cex, check
-from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios import Case, RankBatch, run_case
 from dpsim.scenarios.ranks import sync_records
 from dpsim.targets import load_target

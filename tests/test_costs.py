@@ -12,7 +12,6 @@ from random import Random
 import pytest
 
 from dpsim import limits
-from dpsim.capture.policy import CapturePolicy
 from dpsim.cli import main
 from dpsim.costs import (
     StepCost,
@@ -26,6 +25,7 @@ from dpsim.costs import (
 from dpsim.costs.figures import nearest_rank
 from dpsim.costs.suggest import best_sizes
 from dpsim.costs.workload import BUILTIN_WORKLOADS, decode_query_len_for, parse_trace
+from dpsim.records.policy import CapturePolicy
 from dpsim.targets import load_target
 
 # -- figures, by hand ----------------------------------------------------------

@@ -43,7 +43,7 @@ def test_shown_is_short_for_anything() -> None:
 
 def test_bounds_keep_their_stated_relations() -> None:
     # vLLM's default grid up to the largest capture size fits in one list.
-    from dpsim.capture.policy import vllm_default_sizes
+    from dpsim.records.policy import vllm_default_sizes
 
     grid = vllm_default_sizes(limits.MAX_CAPTURE_SIZE)
     assert len(grid) <= limits.MAX_CAPTURE_ENTRIES

@@ -14,15 +14,14 @@ from typing import Any
 import pytest
 import torch
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.properties.base import Verdict
+from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.scenarios import Case, RankBatch
 from dpsim.scenarios.expect import EXPECT_EVENT
 from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import DP_CPU_GROUP, EP_GROUP, current_world, record, simulate
-from dpsim.targets import Microbatching
 
 POLICY = CapturePolicy(
     capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL", max_num_seqs=8

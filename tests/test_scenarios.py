@@ -10,14 +10,14 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
-from dpsim.capture.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
 from dpsim.scenarios.expect import expected_split, table_choices
 from dpsim.scenarios.generate import _split, cases, scenarios_for, seeded_draws_only
 from dpsim.scenarios.ranks import sync_records
 from dpsim.scenarios.run import setting_for
 from dpsim.sim import Outcome
-from dpsim.targets import Microbatching, load_target
+from dpsim.targets import load_target
 from dpsim.targets.buildable import rules_of
 
 pytestmark = pytest.mark.release

@@ -14,7 +14,8 @@ import torch.distributed
 
 from dpsim.cli import main
 from dpsim.errors import TargetError
-from dpsim.targets import ManagerConfig, SyncInputs, load_target, runtime
+from dpsim.records.policy import ManagerConfig
+from dpsim.targets import SyncInputs, load_target, runtime
 from dpsim.targets import cache as cache_module
 from dpsim.targets import load as load_module
 from dpsim.targets.adapters import DISPATCH_AND_SYNC, SYNC_ONLY, describe, dispatch

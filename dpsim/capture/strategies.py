@@ -16,7 +16,7 @@ thresholds are lifted to what its ``ParallelConfig`` accepts, and a capture
 ceiling its ``CompilationConfig`` would refuse is left to default. Without
 rules (the contract profile) every valid table may be drawn.
 
-Every strategy takes :class:`~dpsim.capture.policy.Capabilities` so a version
+Every strategy takes :class:`~dpsim.records.policy.Capabilities` so a version
 is only given features it has. Shrinking is designed in: every choice lists
 its simplest option first (``sampled_from`` and ``one_of`` shrink towards
 their first element, integers towards their lower bound), so a failing
@@ -29,7 +29,7 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from dpsim.capture.policy import (
+from dpsim.records.policy import (
     ALL_CAPABILITIES,
     Capabilities,
     CapturePolicy,

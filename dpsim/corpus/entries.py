@@ -7,7 +7,6 @@ instead (new text); keep them small enough to read as a code-review diff.
 
 from __future__ import annotations
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.corpus.model import (
     AGREED_FOR_PER_RANK,
     COLLECTIVE_SKIPPED,
@@ -20,7 +19,7 @@ from dpsim.corpus.model import (
     UBATCH_BOUNDARY,
     FaultyTarget,
 )
-from dpsim.targets import Microbatching
+from dpsim.records.policy import CapturePolicy, Microbatching
 
 # Reference texts several entries edit, named once so the diffs stay legible.
 _V29_IDLE_RETURN = """\

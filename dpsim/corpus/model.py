@@ -11,8 +11,8 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.case import PROFILES
 
 _HERE = Path(__file__).resolve().parent

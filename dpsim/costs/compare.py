@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.run import PolicyRefused
 from dpsim.targets.load import Target
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.capture.table import capture_table
 from dpsim.properties.base import Evidence
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios import Case, RankBatch, run_case
 from dpsim.scenarios.generate import CallerModel
 from dpsim.scenarios.run import manager_for, tables_for

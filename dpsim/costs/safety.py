@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.check import CheckOptions, CheckReport, Finding, run_check
 from dpsim.known import KnownFinding, known_finding
+from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios import PROFILES
 from dpsim.scenarios.generate import scenarios_for
 from dpsim.targets.load import Target

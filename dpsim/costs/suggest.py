@@ -24,8 +24,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
+from dpsim.records.policy import CapturePolicy
 
 __all__ = ["best_sizes", "suggest_policy"]
 

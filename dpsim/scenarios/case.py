@@ -12,8 +12,8 @@ import functools
 from dataclasses import dataclass, fields
 from typing import Any
 
-from dpsim.capture.policy import CapturePolicy
 from dpsim.errors import UsageError
+from dpsim.records.policy import CapturePolicy
 from dpsim.targets.adapters import SyncInputs
 
 #: Generator profiles: what real callers pass, or all the contract allows.

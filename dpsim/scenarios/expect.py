@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dpsim.targets import Microbatching
+from dpsim.records.policy import Microbatching
 from dpsim.targets.adapters import describe, dispatch
 
 from .case import RankBatch

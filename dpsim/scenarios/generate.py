@@ -32,9 +32,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from dpsim.capture import strategies as policy_strategies
-from dpsim.capture.policy import Capabilities, CapturePolicy
 from dpsim.errors import UsageError
-from dpsim.targets import Microbatching
+from dpsim.records.policy import Capabilities, CapturePolicy, Microbatching
 from dpsim.targets.buildable import BuildRules, rules_of
 from dpsim.targets.load import Target
 

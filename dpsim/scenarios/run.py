@@ -11,10 +11,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim import allowances
-from dpsim.capture.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, ManagerConfig
 from dpsim.sim import SimResult, simulate
 from dpsim.sim.choosers import Chooser
-from dpsim.targets import ManagerConfig
 from dpsim.targets.load import Target
 
 from .case import Case

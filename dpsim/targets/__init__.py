@@ -9,15 +9,12 @@ the uniform call interface over every version's API.
 
 from dpsim.targets.adapters import Agreement, Descriptor, SyncAPI, SyncInputs
 from dpsim.targets.load import Target, load_spec, load_target
-from dpsim.targets.manager import ManagerConfig, Microbatching
 from dpsim.targets.spec import DEFAULT_RELEASE, TargetSpec, parse_target
 
 __all__ = [
     "DEFAULT_RELEASE",
     "Agreement",
     "Descriptor",
-    "ManagerConfig",
-    "Microbatching",
     "SyncAPI",
     "SyncInputs",
     "Target",

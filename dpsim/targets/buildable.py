@@ -41,9 +41,9 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from dpsim.errors import TargetError
+from dpsim.records.policy import Microbatching
 from dpsim.targets.manager import (
     ConfigView,
-    Microbatching,
     ParallelConfigStandIn,
     manager_parameters,
 )
@@ -51,7 +51,7 @@ from dpsim.targets.shim import ModuleLoader, function
 from dpsim.targets.standins import STAND_INS
 
 if TYPE_CHECKING:
-    from dpsim.capture.policy import CapturePolicy
+    from dpsim.records.policy import CapturePolicy
     from dpsim.targets.load import Target
 
 __all__ = ["BuildRules", "captured_lora_counts", "rules_for", "rules_of"]

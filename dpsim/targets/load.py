@@ -18,14 +18,10 @@ from types import ModuleType
 from typing import Any
 
 from dpsim.errors import TargetError
+from dpsim.records.policy import ManagerConfig, Microbatching
 from dpsim.targets import adapters
 from dpsim.targets.cache import cache_root, ensure_release
-from dpsim.targets.manager import (
-    ManagerConfig,
-    Microbatching,
-    ParallelConfigStandIn,
-    build_manager,
-)
+from dpsim.targets.manager import ParallelConfigStandIn, build_manager
 from dpsim.targets.shim import LoadedFile, ModuleLoader
 from dpsim.targets.spec import OLDEST_RELEASE, ReleaseSpec, TargetSpec, parse_target
 from dpsim.targets.standins import STAND_INS

@@ -11,55 +11,10 @@ so a version that lacks (say) ``varlen_decode`` simply never receives it.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
 from types import MethodType, SimpleNamespace
 from typing import Any
 
-CUDAGRAPH_MODE_NAMES = (
-    "NONE",
-    "PIECEWISE",
-    "FULL",
-    "FULL_DECODE_ONLY",
-    "FULL_AND_PIECEWISE",
-)
-
-
-@dataclass(frozen=True)
-class Microbatching:
-    """vLLM's microbatching (DBO) settings, for versions that have them (0.30+)."""
-
-    num_ubatches: int = 2
-    decode_token_threshold: int = 32
-    prefill_token_threshold: int = 512
-
-
-@dataclass(frozen=True)
-class ManagerConfig:
-    """What a ``CudaGraphManager`` is built from: one capture table.
-
-    ``cudagraph_mode`` is a ``CUDAGraphMode`` member name, resolved against the
-    target's own enum so that every version uses its own.
-    """
-
-    capture_sizes: tuple[int, ...]
-    cudagraph_mode: str
-    max_num_seqs: int
-    decode_query_len: int = 1
-    lora_capture_cases: tuple[int, ...] | None = None
-    varlen_decode: bool = False
-    #: ``compilation_config.max_cudagraph_capture_size``; defaults to the
-    #: largest capture size, as vLLM derives it.
-    max_capture_size: int | None = None
-    microbatching: Microbatching | None = None
-    data_parallel_size: int = 2
-    tensor_parallel_size: int = 1
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    @property
-    def effective_max_capture_size(self) -> int:
-        if self.max_capture_size is not None:
-            return self.max_capture_size
-        return max(self.capture_sizes, default=0)
+from dpsim.records.policy import ManagerConfig, Microbatching
 
 
 class ParallelConfigStandIn:
