@@ -15,27 +15,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as real_dist
 
+from dpsim.records.dist import GroupNamespace
+from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
+from dpsim.sim.collectives import OP_NAMES
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.scheduler import StepBudgetExceeded
-from dpsim.sim.world import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
 from dpsim.targets import runtime
 
 ReduceOp = real_dist.ReduceOp
-_OP_NAMES = {
-    ReduceOp.SUM: "SUM",
-    ReduceOp.PRODUCT: "PRODUCT",
-    ReduceOp.MIN: "MIN",
-    ReduceOp.MAX: "MAX",
-    ReduceOp.AVG: "AVG",
-    ReduceOp.BAND: "BAND",
-    ReduceOp.BOR: "BOR",
-    ReduceOp.BXOR: "BXOR",
-}
 
 
 class RankLog:
@@ -47,11 +39,6 @@ class RankLog:
     def write(self, **entry: Any) -> None:
         self._stream.write(json.dumps(entry, separators=(",", ":")) + "\n")
         self._stream.flush()
-
-
-class _GroupNamespace:
-    def __init__(self, world: Any) -> None:
-        self.WORLD = world
 
 
 class RealWork:
@@ -97,12 +84,25 @@ class RecordingDist:
         self._names = {id(group): name for name, group in groups.items()}
         self._devices = {id(group): devices[name] for name, group in groups.items()}
         self._world_group = groups[WORLD_GROUP]
-        self.group = _GroupNamespace(self._world_group)
+        self.group = GroupNamespace(self._world_group)
         #: per group name, the seq its next collective will get
         self._next_seq = dict.fromkeys(groups, 0)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(real_dist, name)
+    if not TYPE_CHECKING:
+        # Hidden from mypy, which would otherwise take every name as present
+        # and never hold this class to ``DistLike``.
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real_dist, name)
+
+    def is_initialized(self) -> bool:
+        return real_dist.is_initialized()
+
+    def get_rank(self, group: Any = None) -> int:
+        return real_dist.get_rank(group)
+
+    def get_world_size(self, group: Any = None) -> int:
+        return real_dist.get_world_size(group)
 
     # -- collectives -----------------------------------------------------------
 
@@ -113,7 +113,7 @@ class RecordingDist:
         group: Any = None,
         async_op: bool = False,
     ) -> Any:
-        signature = ("all_reduce", _OP_NAMES.get(op, str(op)), tensor, None)
+        signature = ("all_reduce", OP_NAMES.get(op, str(op)), tensor, None)
         pg, device = self._resolve(group)
         moved = tensor.to(device)
 

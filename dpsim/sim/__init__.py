@@ -32,6 +32,13 @@ instantly from a recorded run (``InstantWorld``): the overhead the simulator
 adds over the target's own cost.
 """
 
+from dpsim.records.groups import (
+    DEFAULT_GROUP_NAMES,
+    DP_CPU_GROUP,
+    DP_DEVICE_GROUP,
+    EP_GROUP,
+    WORLD_GROUP,
+)
 from dpsim.sim.choosers import (
     LOWEST_FIRST,
     Chooser,
@@ -67,16 +74,10 @@ from dpsim.sim.trace import (
     WaitInfo,
 )
 from dpsim.sim.world import (
-    DEFAULT_GROUP_NAMES,
-    DP_CPU_GROUP,
-    DP_DEVICE_GROUP,
-    EP_GROUP,
-    WORLD_GROUP,
     SimWorld,
     current_rank,
     current_world,
     record,
-    set_skip_dp_coordination,
 )
 
 __all__ = [
@@ -118,6 +119,5 @@ __all__ = [
     "measure",
     "record",
     "render_table",
-    "set_skip_dp_coordination",
     "simulate",
 ]

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed
 
+from dpsim.records.dist import GroupNamespace
 from dpsim.sim.scheduler import Scheduler
 
 ReduceOp = torch.distributed.ReduceOp
@@ -53,11 +54,12 @@ _REDUCTIONS: dict[Any, tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = {
     ReduceOp.BXOR: ("BXOR", _bitwise(torch.bitwise_xor)),
 }
 _REDUCTION_BY_NAME = dict(_REDUCTIONS.values())
-_OP_NAMES = {op: name for op, (name, _) in _REDUCTIONS.items()}
+#: op token -> the name traces record it by, for both lanes
+OP_NAMES = {op: name for op, (name, _) in _REDUCTIONS.items()}
 #: The same, by identity: hashing a ``ReduceOp`` goes through pybind11 and
 #: costs more than the rest of the lookup; torch's ``ReduceOp.SUM`` and friends
 #: are singletons (kept alive by ``_REDUCTIONS``, so their ids stay theirs).
-_OP_NAMES_BY_ID = {id(op): name for op, name in _OP_NAMES.items()}
+_OP_NAMES_BY_ID = {id(op): name for op, name in OP_NAMES.items()}
 
 #: torch splits an op over its intra-op threads from this many elements on
 #: (``at::internal::GRAIN_SIZE``).
@@ -274,13 +276,6 @@ class SimWork:
         return self._pending.done
 
 
-class _GroupNamespace:
-    """``torch.distributed.group``: only ``WORLD`` is meaningful."""
-
-    def __init__(self, world: SimProcessGroup) -> None:
-        self.WORLD = world
-
-
 #: One entry of a rank's collective log:
 #: (collective, this rank's position in its group, signature as entered, is_async)
 LogEntry = tuple[Pending, int, SignatureTuple, bool]
@@ -305,7 +300,7 @@ class SimCollectives:
             for name, members in groups
         }
         self._default = self.groups[world_group]
-        self.group = _GroupNamespace(self._default.handle)
+        self.group = GroupNamespace(self._default.handle)
         #: per rank, every collective it entered, in order
         self.logs: list[list[LogEntry]] = [[] for _ in range(world_size)]
         #: per rank, (collective, blocked in wait() rather than the call) while blocked
@@ -339,7 +334,7 @@ class SimCollectives:
         group: SimProcessGroup | None = None,
         async_op: bool = False,
     ) -> SimWork | None:
-        op_name = _OP_NAMES_BY_ID.get(id(op)) or _OP_NAMES.get(op)
+        op_name = _OP_NAMES_BY_ID.get(id(op)) or OP_NAMES.get(op)
         if op_name is None:
             raise ValueError(f"dpsim does not simulate reduce op {op!r}")
         if op_name == "AVG" and not tensor.is_floating_point():
@@ -422,13 +417,17 @@ class SimCollectives:
             group, ("barrier", None, (), None, None), None, None, async_op
         )
 
-    def __getattr__(self, name: str) -> Any:
-        # Never fall back to the real torch.distributed: a target reaching for
-        # something unsimulated must say so, not touch a real process group.
-        raise AttributeError(
-            f"dpsim's simulated torch.distributed has no {name!r}; "
-            "add it to dpsim.sim.collectives if a target needs it"
-        )
+    if not TYPE_CHECKING:
+        # Hidden from mypy, which would otherwise take every name as present
+        # and never hold this class to ``DistLike``.
+
+        def __getattr__(self, name: str) -> Any:
+            # Never fall back to the real torch.distributed: a target reaching
+            # for something unsimulated must say so, not touch a real group.
+            raise AttributeError(
+                f"dpsim's simulated torch.distributed has no {name!r}; "
+                "add it to dpsim.sim.collectives if a target needs it"
+            )
 
     # -- matching and completion ----------------------------------------------
 

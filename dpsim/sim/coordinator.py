@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dpsim.records.dist import DistLike
+
 _CPU = torch.device("cpu")
 
 
@@ -22,7 +24,7 @@ class GroupCoordinatorView:
     """One rank's view of a group: attributes are that rank's, calls go to ``dist``."""
 
     # Set through ``__dict__`` (see for_member), so declared here.
-    _dist: Any
+    _dist: DistLike
     unique_name: str
     ranks: list[int]
     world_size: int
@@ -39,7 +41,7 @@ class GroupCoordinatorView:
 
     def __init__(
         self,
-        dist: Any,
+        dist: DistLike,
         unique_name: str,
         rank: int,
         rank_in_group: int,
@@ -54,7 +56,11 @@ class GroupCoordinatorView:
 
     @staticmethod
     def shared_attributes(
-        dist: Any, unique_name: str, ranks: list[int], cpu_group: Any, device_group: Any
+        dist: DistLike,
+        unique_name: str,
+        ranks: list[int],
+        cpu_group: Any,
+        device_group: Any,
     ) -> dict[str, Any]:
         """The attributes every member's view has alike, for :meth:`for_member`."""
         return {

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
+from dpsim.records.dist import GroupNamespace
+from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.trace import CollectiveRecord, SimResult
-from dpsim.sim.world import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
 from dpsim.targets import runtime
 
 
@@ -74,6 +75,7 @@ class InstantDist:
             name: InstantGroup(name, members) for name, members in result.groups
         }
         self._default = self._groups[WORLD_GROUP]
+        self.group = GroupNamespace(self._default)
 
     def rewind(self) -> None:
         self._cursor = [0] * len(self._cursor)

@@ -3,7 +3,7 @@
 Everything here answers for the rank that is running now (the scheduler's
 ``current``): its DP group coordinator, its skip-coordination flag, its step
 count. Programs reach the running simulation through :func:`record`,
-:func:`current_rank` and :func:`set_skip_dp_coordination`, which find it as the
+:func:`current_rank` and :func:`current_world`, which find it as the
 installed world, so no global beyond ``runtime.current()`` is involved.
 """
 
@@ -13,22 +13,16 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsim.records.groups import (
+    DEFAULT_GROUP_NAMES,
+    DP_CPU_GROUP,
+    DP_DEVICE_GROUP,
+    WORLD_GROUP,
+)
 from dpsim.sim.collectives import SimCollectives, SimProcessGroup
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.scheduler import Scheduler
 from dpsim.targets import runtime
-
-#: torch's default group: collectives called with ``group=None``.
-WORLD_GROUP = "world"
-#: ``get_dp_group().cpu_group``: the gloo group vLLM's DP sync all-reduces over.
-DP_CPU_GROUP = "dp_cpu"
-#: ``get_dp_group().device_group``: the NCCL group of the DP coordinator.
-DP_DEVICE_GROUP = "dp_device"
-#: The expert-parallel group scenarios use to model the forward pass's MoE
-#: collectives (dispatch / combine), which hang when ranks disagree.
-EP_GROUP = "ep"
-
-DEFAULT_GROUP_NAMES = (WORLD_GROUP, DP_CPU_GROUP, DP_DEVICE_GROUP, EP_GROUP)
 
 #: A (kind, collectives entered before it, payload) event, as kept while running.
 EventTuple = tuple[str, int, dict[str, Any]]
@@ -172,8 +166,3 @@ def current_rank() -> int:
 def current_world() -> SimWorld:
     """The simulation the running program belongs to (for ``group(name)``)."""
     return _running_world()
-
-
-def set_skip_dp_coordination(flag: bool) -> None:
-    """What ``should_skip_dp_coordination()`` answers on the running rank from now on."""
-    _running_world().set_skip_dp_coordination(flag)

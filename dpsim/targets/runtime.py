@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import torch.distributed
 
+from dpsim.records.dist import DistLike
+
 
 class GroupCoordinatorLike(Protocol):
     """What vLLM code reads off ``get_dp_group()`` and friends.
@@ -49,7 +51,7 @@ class World(Protocol):
     """Everything a target may reach for outside its own module."""
 
     @property
-    def dist(self) -> Any:
+    def dist(self) -> DistLike:
         """Stands in for ``torch.distributed`` inside loaded targets."""
 
     def dp_group(self) -> GroupCoordinatorLike: ...
@@ -100,7 +102,7 @@ class NoWorld:
     sync does, and says so instead of touching a default process group.
     """
 
-    dist = torch.distributed
+    dist: DistLike = torch.distributed
 
     def dp_group(self) -> GroupCoordinatorLike:
         raise NoDPGroupError(
