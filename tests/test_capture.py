@@ -40,6 +40,7 @@ from dpsim.records.policy import (
     NO_CAPABILITIES,
     Capabilities,
     CapturePolicy,
+    CudagraphMode,
     Microbatching,
     PolicyError,
     vllm_default_sizes,
@@ -55,6 +56,23 @@ def test_policy_is_normalised_and_defaults_are_vllms() -> None:
     assert policy.max_num_seqs == 256
     assert policy.effective_max_capture_size == 8
     assert hash(policy) == hash(CapturePolicy(capture_sizes=(1, 4, 8)))
+
+
+def test_mode_is_an_enum_written_as_vllms_name() -> None:
+    policy = CapturePolicy(capture_sizes=(1,), cudagraph_mode="FULL")  # type: ignore[arg-type]
+    assert policy.cudagraph_mode is CudagraphMode.FULL
+    assert [mode.value for mode in CudagraphMode] == [
+        "NONE",
+        "PIECEWISE",
+        "FULL",
+        "FULL_DECODE_ONLY",
+        "FULL_AND_PIECEWISE",
+    ]
+    data = policy.to_dict()
+    assert type(data["cudagraph_mode"]) is str
+    assert '"cudagraph_mode": "FULL",' in to_json(policy)
+    assert 'cudagraph_mode = "FULL"\n' in to_toml(policy)
+    assert f"{policy.cudagraph_mode}" == "FULL"
 
 
 def test_default_grid_is_vllms_shape() -> None:

@@ -55,6 +55,7 @@ from random import Random
 from typing import Any
 
 from dpsim.errors import UsageError
+from dpsim.fields import Field, integer
 from dpsim.limits import (
     MAX_INT,
     MAX_NUM_SEQS,
@@ -62,7 +63,6 @@ from dpsim.limits import (
     MAX_RANKS,
     MAX_TRACE_BYTES,
     MAX_WORKLOAD_REQUESTS,
-    int_problem,
     shown,
 )
 
@@ -295,6 +295,15 @@ def _check_rank_steps(what: str, rank_steps: int) -> None:
 
 # -- traces ------------------------------------------------------------------
 
+#: A query length: every request has at least one token.
+_QUERY_LEN = integer(1, MAX_INT)
+
+#: A rank object's counts, checked before the list of lengths is built from them.
+_COUNTS = (
+    Field("num_reqs", integer(0, MAX_NUM_SEQS)),
+    Field("num_tokens", integer(0, MAX_INT)),
+)
+
 
 def _query_lengths(values: Any, fail: Callable[[str], WorkloadError]) -> list[int]:
     """Checked query lengths: a list of at most MAX_NUM_SEQS lengths >= 1."""
@@ -303,7 +312,7 @@ def _query_lengths(values: Any, fail: Callable[[str], WorkloadError]) -> list[in
     if len(values) > MAX_NUM_SEQS:
         raise fail(f"{len(values):,} requests; at most {MAX_NUM_SEQS:,} per rank")
     for value in values:
-        problem = int_problem(value, 1, MAX_INT)
+        problem = _QUERY_LEN(value)
         if problem is not None:
             raise fail(f"query lengths: each {problem}")
     return values
@@ -336,14 +345,10 @@ def _lengths(entry: Any, where: str) -> tuple[int, ...]:
                     )
         elif "num_reqs" in entry and "num_tokens" in entry:
             reqs, tokens = entry["num_reqs"], entry["num_tokens"]
-            # Checked before the list of lengths is built from them.
-            for label, value, most in (
-                ("num_reqs", reqs, MAX_NUM_SEQS),
-                ("num_tokens", tokens, MAX_INT),
-            ):
-                problem = int_problem(value, 0, most)
+            for spec in _COUNTS:
+                problem = spec.problem(entry[spec.name])
                 if problem is not None:
-                    raise fail(f"{label} {problem}")
+                    raise fail(f"{spec.name} {problem}")
             if (reqs == 0) != (tokens == 0) or tokens < reqs:
                 raise fail(
                     f"{reqs} requests cannot hold {tokens} tokens "
