@@ -38,6 +38,7 @@ from hypothesis.errors import NoSuchExample, Unsatisfiable
 from dpsim.errors import UsageError
 from dpsim.properties import Property, Verdict, judge, select
 from dpsim.records.policy import CapturePolicy
+from dpsim.records.trace import SimResult
 from dpsim.scenarios import Case, PolicyRefused, run_case
 from dpsim.scenarios.generate import (
     DEFAULT_RANKS,
@@ -45,7 +46,6 @@ from dpsim.scenarios.generate import (
     scenarios_for,
     seeded_draws_only,
 )
-from dpsim.sim import SimResult
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
 

@@ -20,9 +20,9 @@ from dpsim import cex
 from dpsim.cli import main
 from dpsim.cli.replay import _render_lane
 from dpsim.properties import judge
+from dpsim.records.trace import Outcome, RankState
 from dpsim.replay import LaneError, LaneRun, disagreements, run_lane
 from dpsim.scenarios import Case, run_case
-from dpsim.sim import Outcome, RankState
 from dpsim.targets import load_target
 
 pytestmark = [pytest.mark.release, pytest.mark.gloo]

@@ -16,7 +16,7 @@ vllm-ascend 2454); an extra collective or a different tensor shape
 
 from __future__ import annotations
 
-from dpsim.sim import Outcome, RankState
+from dpsim.records.trace import Outcome, RankState
 
 from .base import Evidence, Property, Verdict
 

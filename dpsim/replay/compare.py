@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from dpsim.properties import Verdict
-from dpsim.sim import SimResult
+from dpsim.records.trace import SimResult
 
 _RANK_FIELDS = ("state", "returned", "error", "waiting", "collectives", "events")
 

@@ -30,20 +30,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsim.sim.trace import (
+from dpsim.records.groups import DEFAULT_GROUP_NAMES
+from dpsim.records.trace import (
     CollectiveRecord,
     ErrorInfo,
     Event,
     IncompleteCollective,
-    Peer,
     RankState,
     RankTrace,
     Signature,
     SimResult,
     WaitInfo,
-    decide_outcome,
+    incomplete_collective,
+    wait_info,
 )
-from dpsim.sim.world import DEFAULT_GROUP_NAMES
 
 
 @dataclass(frozen=True)
@@ -154,7 +154,8 @@ def parse_log(rank: int, path: Path) -> RankLogData:
     )
 
 
-def build_result(logs: list[RankLogData]) -> SimResult:
+def result_from_logs(logs: list[RankLogData]) -> SimResult:
+    """The lane's run as a trace, read from its ranks' parsed logs (in rank order)."""
     ranks = len(logs)
     members = tuple(range(ranks))
     # How many of each rank's collectives count: all of them, until a
@@ -181,12 +182,12 @@ def build_result(logs: list[RankLogData]) -> SimResult:
     traces = []
     for log in logs:
         traces.append(_trace(log, kept[log.rank], stuck_at[log.rank], table, members))
-    incomplete = []
+    incomplete: list[IncompleteCollective] = []
     for (group, seq), entries in sorted(
         table.items(),
         key=lambda item: (DEFAULT_GROUP_NAMES.index(item[0][0]), item[0][1]),
     ):
-        entered = tuple(sorted(rank for rank, _ in entries))
+        entered = {rank for rank, _ in entries}
         mismatched = len({entry.signature for _, entry in entries}) > 1
         open_somewhere = any(
             stuck_at[rank] is not None
@@ -195,16 +196,14 @@ def build_result(logs: list[RankLogData]) -> SimResult:
             for rank, _ in entries
         )
         if len(entered) < ranks or mismatched or open_somewhere:
-            missing = tuple(rank for rank in members if rank not in entered)
             incomplete.append(
-                IncompleteCollective(group, seq, entered, missing, mismatched)
+                incomplete_collective(group, seq, members, entered, mismatched)
             )
-    return SimResult(
-        outcome=decide_outcome({trace.state for trace in traces}, incomplete),
-        ranks=tuple(traces),
-        choices=(),
-        groups=tuple((name, members) for name in DEFAULT_GROUP_NAMES),
-        incomplete=tuple(incomplete),
+    return SimResult.judged(
+        tuple(traces),
+        (),
+        tuple((name, members) for name in DEFAULT_GROUP_NAMES),
+        tuple(incomplete),
     )
 
 
@@ -292,15 +291,13 @@ def _trace(
 
 def _wait_info(entry: Entered, table: Table, members: tuple[int, ...]) -> WaitInfo:
     entries = dict(table.get((entry.group, entry.seq), []))
-    return WaitInfo(
-        group=entry.group,
-        seq=entry.seq,
-        signature=entry.signature,
-        is_async=entry.is_async,
-        missing=tuple(rank for rank in members if rank not in entries),
-        disagreeing=tuple(
-            Peer(rank, entries[rank].signature)
+    return wait_info(
+        entry.group,
+        entry.seq,
+        entry.signature,
+        entry.is_async,
+        [
+            (rank, entries[rank].signature if rank in entries else None)
             for rank in members
-            if rank in entries and entries[rank].signature != entry.signature
-        ),
+        ],
     )

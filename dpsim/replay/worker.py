@@ -113,12 +113,17 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
     import torch
     import torch.distributed as dist
 
+    from dpsim.records.groups import (
+        DP_CPU_GROUP,
+        DP_DEVICE_GROUP,
+        EP_GROUP,
+        WORLD_GROUP,
+    )
     from dpsim.replay.world import RealWorld
     from dpsim.scenarios import Case
     from dpsim.scenarios.programs import PROGRAMS
     from dpsim.scenarios.run import setting_for
-    from dpsim.sim import DEFAULT_STEP_BUDGET, DP_CPU_GROUP, EP_GROUP
-    from dpsim.sim.world import DP_DEVICE_GROUP, WORLD_GROUP
+    from dpsim.sim import DEFAULT_STEP_BUDGET
     from dpsim.targets import load_target
 
     torch.set_num_threads(1)  # N ranks share the host's cores

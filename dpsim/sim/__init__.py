@@ -6,6 +6,8 @@ installed (``dpsim.targets.runtime``) so loaded targets' ``torch.distributed``,
 ``get_dp_group()`` and ``should_skip_dp_coordination()`` reach fake
 collectives. It returns a :class:`SimResult`: the outcome, one
 :class:`RankTrace` per rank, and the scheduling choices that replay the run.
+The trace's types and the group names belong to both lanes and live in
+:mod:`dpsim.records`; they are re-exported here as the simulator's results.
 
 Process groups, by name (all span every rank unless ``groups=`` says
 otherwise; declare more as name -> member ranks):
@@ -39,6 +41,20 @@ from dpsim.records.groups import (
     EP_GROUP,
     WORLD_GROUP,
 )
+from dpsim.records.trace import (
+    OUTCOME_PRECEDENCE,
+    CollectiveRecord,
+    ErrorInfo,
+    Event,
+    IncompleteCollective,
+    Outcome,
+    Peer,
+    RankState,
+    RankTrace,
+    Signature,
+    SimResult,
+    WaitInfo,
+)
 from dpsim.sim.choosers import (
     LOWEST_FIRST,
     Chooser,
@@ -59,20 +75,6 @@ from dpsim.sim.scheduler import (
     StepBudgetExceeded,
 )
 from dpsim.sim.simulate import simulate
-from dpsim.sim.trace import (
-    OUTCOME_PRECEDENCE,
-    CollectiveRecord,
-    ErrorInfo,
-    Event,
-    IncompleteCollective,
-    Outcome,
-    Peer,
-    RankState,
-    RankTrace,
-    Signature,
-    SimResult,
-    WaitInfo,
-)
 from dpsim.sim.world import (
     SimWorld,
     current_rank,

@@ -15,8 +15,8 @@ import torch
 
 from dpsim.records.dist import GroupNamespace
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
+from dpsim.records.trace import CollectiveRecord, SimResult
 from dpsim.sim.coordinator import GroupCoordinatorView
-from dpsim.sim.trace import CollectiveRecord, SimResult
 from dpsim.targets import runtime
 
 

@@ -19,11 +19,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsim.records.trace import Outcome
 from dpsim.sim.instant import InstantWorld
 from dpsim.sim.render import render_table
 from dpsim.sim.scheduler import Program
 from dpsim.sim.simulate import per_rank_programs, simulate
-from dpsim.sim.trace import Outcome
 from dpsim.targets import runtime
 
 

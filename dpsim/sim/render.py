@@ -6,7 +6,7 @@ counterexample files; words and alignment are made here, on demand.
 
 from __future__ import annotations
 
-from dpsim.sim.trace import RankState, RankTrace, Signature, SimResult
+from dpsim.records.trace import RankState, RankTrace, Signature, SimResult
 from dpsim.terminal import printable
 
 _HEADER = ("rank", "state", "group#seq", "op", "shape", "detail")

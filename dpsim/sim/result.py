@@ -4,28 +4,30 @@ Runs once, after no rank can run and before hung ranks are ended, so it reads
 exactly where each rank stopped. Each rank's collective log becomes frozen
 records only when a reader first asks for ``RankTrace.collectives``, and a
 record's values become lists only when asked for too: the checker reads
-states and events, and converting what nobody reads was most of the cost of
-a large run.
+states and events, and converting every record of an N-rank run up front
+costs O(N^2) whether anyone reads them or not. What both lanes share of
+building a trace is in :mod:`dpsim.records.trace`; this is the simulator's
+input side.
 """
 
 from __future__ import annotations
 
 import functools
 
-from dpsim.sim.collectives import LogEntry, Pending, SignatureTuple, SimCollectives
-from dpsim.sim.scheduler import Scheduler
-from dpsim.sim.trace import (
+from dpsim.records.trace import (
     CollectiveRecord,
     Event,
     IncompleteCollective,
-    Peer,
     RankState,
     RankTrace,
     Signature,
     SimResult,
     WaitInfo,
-    decide_outcome,
+    incomplete_collective,
+    wait_info,
 )
+from dpsim.sim.collectives import LogEntry, Pending, SignatureTuple, SimCollectives
+from dpsim.sim.scheduler import Scheduler
 from dpsim.sim.world import SimWorld
 
 
@@ -52,21 +54,17 @@ def _wait_info(
     assert group is not None  # not completed, not frozen yet
     own = pending.signatures[group.position[rank]]
     assert own is not None
-    missing = []
-    disagreeing = []
-    for position, member in enumerate(group.members):
-        entered_as = pending.signatures[position]
-        if entered_as is None:
-            missing.append(member)
-        elif entered_as != own:
-            disagreeing.append(Peer(member, signature(entered_as)))
-    return WaitInfo(
-        group=group.name,
-        seq=pending.seq,
-        signature=signature(own),
-        is_async=is_async,
-        missing=tuple(missing),
-        disagreeing=tuple(disagreeing),
+    return wait_info(
+        group.name,
+        pending.seq,
+        signature(own),
+        is_async,
+        [
+            (member, None if entered_as is None else signature(entered_as))
+            for member, entered_as in zip(
+                group.members, pending.signatures, strict=True
+            )
+        ],
     )
 
 
@@ -79,15 +77,16 @@ def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
         for seq in sorted(state.pending):
             pending = state.pending[seq]
             pending.freeze()
-            entered = tuple(
+            entered = {
                 member
-                for position, member in enumerate(state.members)
-                if pending.signatures[position] is not None
-            )
-            missing = tuple(m for m in state.members if m not in entered)
+                for member, entered_as in zip(
+                    state.members, pending.signatures, strict=True
+                )
+                if entered_as is not None
+            }
             found.append(
-                IncompleteCollective(
-                    state.name, seq, entered, missing, pending.mismatched
+                incomplete_collective(
+                    state.name, seq, state.members, entered, pending.mismatched
                 )
             )
     return tuple(found)
@@ -114,7 +113,8 @@ def _records(
     )
 
 
-def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
+def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
+    """The finished run as a trace, read from the scheduler and the fake collectives."""
     dist = world.dist
     signature = _Signatures()
     make_trace = RankTrace.lazy
@@ -149,12 +149,9 @@ def build_result(scheduler: Scheduler, world: SimWorld) -> SimResult:
                 events,
             )
         )
-    incomplete = _incomplete(dist)
-    outcome = decide_outcome({trace.state for trace in traces}, incomplete)
-    return SimResult.unchecked(
-        outcome,
+    return SimResult.judged(
         tuple(traces),
         tuple(scheduler.choices),
         tuple([(name, state.members) for name, state in dist.groups.items()]),
-        incomplete,
+        _incomplete(dist),
     )

@@ -36,9 +36,9 @@ from typing import Any
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from dpsim.records.trace import ErrorInfo, RankState
 from dpsim.sim import workers as workers_pool
 from dpsim.sim.choosers import Chooser
-from dpsim.sim.trace import ErrorInfo, RankState
 
 DEFAULT_STEP_BUDGET = 100_000
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from dpsim.records.trace import SimResult
 from dpsim.sim.choosers import LOWEST_FIRST, Chooser
-from dpsim.sim.result import build_result
+from dpsim.sim.result import result_of_run
 from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET, Program, Scheduler
-from dpsim.sim.trace import SimResult
 from dpsim.sim.world import SimWorld, resolve_groups
 from dpsim.targets import runtime
 
@@ -52,7 +52,7 @@ def simulate(
     with runtime.installed(world):
         try:
             scheduler.run()
-            return build_result(scheduler, world)
+            return result_of_run(scheduler, world)
         finally:
             scheduler.close()
 

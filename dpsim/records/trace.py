@@ -1,18 +1,20 @@
-"""What a simulated run leaves behind: per-rank traces and the run's verdict.
+"""The trace: what one run leaves behind, rank by rank, and the run's verdict.
 
-Properties judge these records and nothing else, and counterexample files store
-them, so they hold only plain, deterministic data: no tensors, no rendered text,
-no addresses or wall-clock times. ``to_dict()`` / ``to_json()`` give the same
-bytes for the same run in any process. Building them is kept off the simulator's
-hot path: the simulator keeps cheap tuples while ranks run and converts once at
-the end.
+Both lanes produce it (the simulator from its scheduler's state, the real lane
+from its ranks' logs), properties judge it and nothing else, and
+counterexample files and reports store it. So it holds only plain,
+deterministic data: no tensors, no rendered text, no addresses or wall-clock
+times, and ``to_dict()`` / ``to_json()`` give the same bytes for the same run
+in any process. The functions at the end (:func:`wait_info`,
+:func:`incomplete_collective`, :meth:`SimResult.judged`) are the part of
+building a trace that both lanes share, so both diagnose a run alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -24,10 +26,10 @@ def _blank(cls: type[_T]) -> _T:
     """An instance of a frozen dataclass whose fields the caller fills in.
 
     A frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__``; with one record per collective per rank, built
-    after every run, that was a visible share of a run's cost. The classes
-    using this have no ``__post_init__`` and no defaults, so filling
-    ``__dict__`` gives an equal object.
+    ``object.__setattr__``, and the simulator builds one record per collective
+    per rank after every run, so it fills ``__dict__`` instead. The classes
+    using this have no ``__post_init__`` and no defaults, so that gives an
+    equal object.
     """
     return object.__new__(cls)
 
@@ -209,7 +211,8 @@ _RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(CollectiveReco
 
 @dataclass(frozen=True)
 class Event:
-    """Something the program recorded about itself with ``dpsim.sim.record``."""
+    """Something the program recorded about itself (``dpsim.sim.record`` in the
+    simulator, the rank's world in the real lane)."""
 
     kind: str
     #: How many collectives this rank had entered before the event, so an event
@@ -419,6 +422,54 @@ def decide_outcome(
     return Outcome.OK
 
 
+def wait_info(
+    group: str,
+    seq: int,
+    signature: Signature,
+    is_async: bool,
+    members: Iterable[tuple[int, Signature | None]],
+) -> WaitInfo:
+    """Why a rank that entered collective ``group#seq`` as ``signature`` is stuck.
+
+    ``members`` are the collective's members in group order, each with the
+    signature it entered with, or None if it never entered: those are missing,
+    and those that entered otherwise disagree.
+    """
+    missing = []
+    disagreeing = []
+    for member, entered_as in members:
+        if entered_as is None:
+            missing.append(member)
+        elif entered_as != signature:
+            disagreeing.append(Peer(member, entered_as))
+    return WaitInfo(
+        group=group,
+        seq=seq,
+        signature=signature,
+        is_async=is_async,
+        missing=tuple(missing),
+        disagreeing=tuple(disagreeing),
+    )
+
+
+def incomplete_collective(
+    group: str,
+    seq: int,
+    members: tuple[int, ...],
+    entered: Container[int],
+    mismatched: bool,
+) -> IncompleteCollective:
+    """Collective ``group#seq``, which the ``entered`` of its ``members`` entered
+    and which never completed; both lists keep the group's member order."""
+    return IncompleteCollective(
+        group,
+        seq,
+        tuple(member for member in members if member in entered),
+        tuple(member for member in members if member not in entered),
+        mismatched,
+    )
+
+
 @dataclass(frozen=True)
 class SimResult:
     """A whole run: verdict, per-rank traces, and the choices that replay it."""
@@ -449,6 +500,19 @@ class SimResult:
         fields["groups"] = groups
         fields["incomplete"] = incomplete
         return result
+
+    @classmethod
+    def judged(
+        cls,
+        ranks: tuple[RankTrace, ...],
+        choices: tuple[int, ...],
+        groups: tuple[tuple[str, tuple[int, ...]], ...],
+        incomplete: tuple[IncompleteCollective, ...],
+    ) -> SimResult:
+        """The run these traces make up, its outcome decided by
+        :func:`decide_outcome`: how both lanes finish building a result."""
+        outcome = decide_outcome({trace.state for trace in ranks}, incomplete)
+        return cls.unchecked(outcome, ranks, choices, groups, incomplete)
 
     def to_dict(self) -> dict[str, Any]:
         return {
