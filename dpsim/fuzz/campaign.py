@@ -10,7 +10,6 @@ counterexample file before anything is killed.
 
 from __future__ import annotations
 
-import multiprocessing
 import queue as queues
 import signal
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from dpsim import processes
 from dpsim.database import open_database, probe
 from dpsim.errors import UsageError
 from dpsim.fuzz import worker
@@ -29,6 +29,9 @@ from dpsim.suite.config import SuiteOptions, resolve
 
 #: Seconds a worker may take, once told to stop, to finish the shrink it is in.
 DEFAULT_GRACE = 60.0
+#: Seconds a worker that said it is done has to exit, and a worker has
+#: between SIGTERM and SIGKILL.
+_EXIT_WAIT_S = 5.0
 DEFAULT_BATCH = 100
 
 
@@ -110,9 +113,8 @@ def run_campaign(
     scenarios = options.scenarios or available
     tally = Tally(suite.target.label, options.workers, scenarios)
     tally.duration = options.duration
-    context = multiprocessing.get_context("spawn")
-    messages: Any = context.Queue()
-    stop = context.Event()
+    messages: Any = processes.SPAWN.Queue()
+    stop = processes.SPAWN.Event()
     plans = [
         worker.WorkerPlan(
             index, options.suite, options.database, scenarios, options.batch
@@ -127,26 +129,29 @@ def run_campaign(
     # Workers inherit "ignore SIGINT" across exec, so a Ctrl-C while they are
     # still importing cannot kill one half-started.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    processes = []
+    children = []
     forced = True  # an exception in here stops the workers without waiting
     try:
         for plan in plans:
-            process = context.Process(
-                target=worker.run_worker,
-                args=(plan, messages, stop),
-                name=f"dpsim-fuzz-{plan.index}",
-                daemon=True,
+            children.append(
+                processes.start(
+                    worker.run_worker,
+                    plan,
+                    messages,
+                    stop,
+                    name=f"dpsim-fuzz-{plan.index}",
+                )
             )
-            process.start()
-            processes.append(process)
         signal.signal(signal.SIGINT, on_interrupt)
         tally.started = time.monotonic()
         forced = _coordinate(
-            options, tally, messages, stop, processes, interrupts, announce, redraw
+            options, tally, messages, stop, children, interrupts, announce, redraw
         )
     finally:
         stop.set()
-        _reap(processes, patience=0.0 if forced else 5.0)
+        processes.reap(
+            children, patience=0.0 if forced else _EXIT_WAIT_S, grace=_EXIT_WAIT_S
+        )
         signal.signal(signal.SIGINT, previous)
     while True:
         # Whatever workers said while being reaped.
@@ -243,19 +248,6 @@ def _handle(message: tuple[Any, ...], tally: Tally, announce: Announce) -> None:
         where = f"worker {index}" + (f", {scenario}" if scenario else "")
         tally.errors.append(f"{where}: {text}")
         announce(f"error in {where}: {text}")
-
-
-def _reap(processes: list[Any], patience: float) -> None:
-    """Leave no worker behind: join, then terminate, then kill."""
-    for process in processes:
-        process.join(timeout=patience)
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=5)
-        if process.is_alive():
-            process.kill()
-            process.join()
 
 
 def parse_duration(text: str) -> float:
