@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from dpsim import fields
 from dpsim.errors import UsageError
 from dpsim.limits import (
     MAX_CAPTURE_ENTRIES,
@@ -35,17 +36,27 @@ MAX_TEXT = 4096
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _OUTCOMES = frozenset(outcome.value for outcome in Outcome)
-_INT_BATCH_FIELDS = ("num_reqs", "num_tokens", "num_active_loras")
-_OPTIONAL_INT_BATCH_FIELDS = ("uniform_token_count", "max_query_len")
-_BOOL_BATCH_FIELDS = (
-    "need_eager",
-    "allow_ubatching",
-    "uniform_decode",
-    "allow_skip_drafts",
+
+
+def _true_or_false(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+#: A rank batch's fields, checked in this order: the required counts, then
+#: the optional counts and flags, each only when given.
+_BATCH_FIELDS = (
+    fields.Field("num_reqs", fields.integer(0, MAX_INT)),
+    fields.Field("num_tokens", fields.integer(0, MAX_INT)),
+    fields.Field("num_active_loras", fields.integer(0, MAX_INT)),
+    fields.Field("uniform_token_count", fields.optional(fields.integer(0, MAX_INT))),
+    fields.Field("max_query_len", fields.optional(fields.integer(0, MAX_INT))),
+    fields.Field("need_eager", _true_or_false),
+    fields.Field("allow_ubatching", _true_or_false),
+    fields.Field("uniform_decode", _true_or_false),
+    fields.Field("allow_skip_drafts", _true_or_false),
 )
-_BATCH_FIELDS = frozenset(
-    (*_INT_BATCH_FIELDS, *_OPTIONAL_INT_BATCH_FIELDS, *_BOOL_BATCH_FIELDS, "kind")
-)
+_REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
+_BATCH_KEYS = frozenset((*(spec.name for spec in _BATCH_FIELDS), "kind"))
 
 
 class Malformed(UsageError):
@@ -173,17 +184,19 @@ def _bounded(value: Any, where: str, depth: int = 0) -> None:
 
 def _batch(value: Any, where: str) -> None:
     batch = mapping(value, where)
-    unknown = set(batch) - _BATCH_FIELDS
+    unknown = set(batch) - _BATCH_KEYS
     if unknown:
         raise Malformed(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
-    for name in _INT_BATCH_FIELDS:
-        integer(required(batch, name, where), f"{where}.{name}")
-    for name in _OPTIONAL_INT_BATCH_FIELDS:
-        if batch.get(name) is not None:
-            integer(batch[name], f"{where}.{name}")
-    for name in _BOOL_BATCH_FIELDS:
-        if name in batch and not isinstance(batch[name], bool):
-            raise Malformed(f"{where}.{name} must be true or false")
+    for spec in _BATCH_FIELDS:
+        if spec.name in _REQUIRED_BATCH_FIELDS:
+            value = required(batch, spec.name, where)
+        elif spec.name in batch:
+            value = batch[spec.name]
+        else:
+            continue
+        problem = spec.problem(value)
+        if problem is not None:
+            raise Malformed(f"{where}.{spec.name} {problem}")
     if "kind" in batch:
         one_of(batch["kind"], BATCH_KINDS, f"{where}.kind")
 

@@ -14,14 +14,13 @@ as ``torchrun`` starts workers (see :mod:`dpsim.replay.worker`), and watches mar
    timeout first.
 
 Whatever happens, even an exception or ^C in the parent, every child is
-reaped before :func:`run_lane` returns: SIGTERM, a short join, SIGKILL, join.
+reaped before :func:`run_lane` returns (:func:`dpsim.processes.reap`).
 Children also ask the kernel to kill them should the parent die. The per-rank
 logs then become a ``SimResult`` (:mod:`dpsim.replay.traces`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpsim import processes
 from dpsim.errors import UsageError
 from dpsim.properties import Verdict, judge, select
 from dpsim.records.trace import SimResult
@@ -44,7 +44,11 @@ DEFAULT_STARTUP_S = 120.0
 #: Beyond the groups' own timeout, so a stuck rank can report it itself.
 WATCHDOG_GRACE_S = 2.0
 _POLL_S = 0.01
-_TERMINATE_WAIT_S = 1.0
+#: Seconds the finished ranks have to exit once released, and a rank has
+#: between SIGTERM and SIGKILL.
+_EXIT_WAIT_S = 1.0
+
+Process = subprocess.Popen[bytes]
 
 
 class LaneError(UsageError):
@@ -58,7 +62,7 @@ class RankEnd:
     rank: int
     pid: int | None
     exitcode: int | None  # negative: killed by that signal
-    #: "exited", "terminated" (SIGTERM from the watchdog) or "killed" (SIGKILL)
+    #: processes.EXITED, TERMINATED (SIGTERM from the watchdog) or KILLED
     reaped: str
     backend_error: str | None
 
@@ -138,13 +142,13 @@ def run_lane(
         )
         for rank in range(case.dp_size)
     ]
-    processes: list[subprocess.Popen[bytes]] = []
-    reaped: list[Reaped] | None = None
+    children: list[Process] = []
+    reaped: list[processes.Ended] | None = None
     try:
         started = time.monotonic()
         for job in jobs:
             with job.path("stderr").open("wb") as stderr:
-                processes.append(
+                children.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "dpsim.replay.worker", str(job.write())],
                         stdin=subprocess.DEVNULL,
@@ -153,16 +157,16 @@ def run_lane(
                         env={**os.environ, "OMP_NUM_THREADS": "1"},
                     )
                 )
-        _await_startup(jobs, processes, startup_s)
+        _await_startup(jobs, children, startup_s)
         ready = time.monotonic()
-        fired = _watch(jobs, processes, timeout_s + WATCHDOG_GRACE_S)
+        fired = _watch(jobs, children, timeout_s + WATCHDOG_GRACE_S)
         (run_dir / "release").touch()
         finished = time.monotonic()
-        reaped = _reap(processes, wait_s=_TERMINATE_WAIT_S)
+        reaped = processes.reap(children, patience=_EXIT_WAIT_S, grace=_EXIT_WAIT_S)
         logs = [traces.parse_log(job.rank, job.path("jsonl")) for job in jobs]
     except BaseException:
         if reaped is None:
-            reaped = _reap(processes, wait_s=0.2)
+            reaped = processes.reap(children, patience=0.2, grace=_EXIT_WAIT_S)
         raise
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -174,8 +178,8 @@ def run_lane(
         result=result,
         verdicts=verdicts,
         ends=tuple(
-            RankEnd(index, pid, exitcode, how, logs[index].backend_error)
-            for index, (pid, exitcode, how) in enumerate(reaped)
+            RankEnd(index, end.pid, end.exitcode, end.how, logs[index].backend_error)
+            for index, end in enumerate(reaped)
         ),
         watchdog_fired=fired,
         startup_s=ready - started,
@@ -184,18 +188,15 @@ def run_lane(
     )
 
 
-Process = subprocess.Popen[bytes]
-
-
 def _await_startup(
-    jobs: list[RankJob], processes: list[Process], limit_s: float
+    jobs: list[RankJob], children: list[Process], limit_s: float
 ) -> None:
     deadline = time.monotonic() + limit_s
     while True:
         pending = [job for job in jobs if not job.path("ready").exists()]
         if not pending:
             return
-        for job, process in zip(jobs, processes, strict=True):
+        for job, process in zip(jobs, children, strict=True):
             if job in pending and (
                 job.path("done").exists() or process.poll() is not None
             ):
@@ -210,7 +211,7 @@ def _await_startup(
         time.sleep(_POLL_S)
 
 
-def _watch(jobs: list[RankJob], processes: list[Process], stall_s: float) -> bool:
+def _watch(jobs: list[RankJob], children: list[Process], stall_s: float) -> bool:
     """Wait until every rank is settled; True if the watchdog had to give up."""
     logs = [job.path("jsonl") for job in jobs]
     sizes = [-1] * len(jobs)
@@ -218,7 +219,7 @@ def _watch(jobs: list[RankJob], processes: list[Process], stall_s: float) -> boo
     while True:
         settled = all(
             job.path("done").exists() or process.poll() is not None
-            for job, process in zip(jobs, processes, strict=True)
+            for job, process in zip(jobs, children, strict=True)
         )
         if settled:
             return False
@@ -234,37 +235,6 @@ def _watch(jobs: list[RankJob], processes: list[Process], stall_s: float) -> boo
         if now - last_progress > stall_s:
             return True
         time.sleep(_POLL_S)
-
-
-Reaped = tuple[int | None, int | None, str]  # pid, exit code, how it went
-
-
-def _reap(processes: list[Process], wait_s: float) -> list[Reaped]:
-    """Wait for every process; SIGTERM then SIGKILL the ones that will not go."""
-    how = ["exited"] * len(processes)
-    deadline = time.monotonic() + wait_s
-    for process in processes:
-        _wait(process, max(0.0, deadline - time.monotonic()))
-    for index, process in enumerate(processes):
-        if process.poll() is None:
-            process.terminate()
-            how[index] = "terminated"
-    for process in processes:
-        _wait(process, _TERMINATE_WAIT_S)
-    for index, process in enumerate(processes):
-        if process.poll() is None:
-            process.kill()
-            how[index] = "killed"
-            process.wait()
-    return [
-        (process.pid, process.returncode, how[index])
-        for index, process in enumerate(processes)
-    ]
-
-
-def _wait(process: Process, timeout: float) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout)
 
 
 def _last_line(path: Path) -> str:
