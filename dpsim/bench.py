@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dpsim.check import CheckOptions, run_check
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.sim import measure
 from dpsim.targets import SyncInputs
 from dpsim.targets.load import Target
@@ -28,7 +28,7 @@ from dpsim.targets.load import Target
 #: A realistic table: vLLM's default-like sizes up to 512, FULL and PIECEWISE.
 BENCH_POLICY = CapturePolicy(
     capture_sizes=(1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)),
-    cudagraph_mode="FULL_AND_PIECEWISE",
+    cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
     max_num_seqs=256,
 )
 

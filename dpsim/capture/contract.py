@@ -34,6 +34,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from dpsim.records.policy import CudagraphMode
+
 __all__ = [
     "ContractManager",
     "descriptor_fields",
@@ -125,7 +127,7 @@ class ContractManager:
                 raise ValueError("an empty table needs descriptor_class")
             descriptor_class = type(self.descriptors[0])
         self.descriptor_class = descriptor_class
-        none = mode_enum["NONE"]  # type: ignore[index]
+        none = mode_enum[CudagraphMode.NONE]  # type: ignore[index]
         eager = [d for d in self.descriptors if d.cg_mode == none]
         if eager:
             raise ValueError(f"a captured table holds no eager descriptor: {eager[0]}")
@@ -165,7 +167,7 @@ class ContractManager:
                 return best
         return make_descriptor(
             self.descriptor_class,
-            cg_mode=self.mode_enum["NONE"],  # type: ignore[index]
+            cg_mode=self.mode_enum[CudagraphMode.NONE],  # type: ignore[index]
             num_tokens=num_tokens,
             num_reqs=num_reqs,
             num_active_loras=num_active_loras,
@@ -186,7 +188,7 @@ def _descriptor(
     ubatch_counts: Sequence[int],
 ) -> Any:
     names = descriptor_fields(descriptor_class)
-    mode = draw(st.sampled_from(("FULL", "PIECEWISE")))
+    mode = draw(st.sampled_from((CudagraphMode.FULL, CudagraphMode.PIECEWISE)))
     num_tokens = draw(st.integers(1, max_tokens))
     values: dict[str, Any] = {
         "cg_mode": mode_enum[mode],  # type: ignore[index]

@@ -33,6 +33,7 @@ from dpsim.records.policy import (
     ALL_CAPABILITIES,
     Capabilities,
     CapturePolicy,
+    CudagraphMode,
     Microbatching,
     vllm_default_max_capture_size,
     vllm_default_sizes,
@@ -49,11 +50,11 @@ __all__ = [
 
 #: FULL first: one descriptor per size, the easiest table to read.
 MODES_SIMPLEST_FIRST = (
-    "FULL",
-    "PIECEWISE",
-    "FULL_DECODE_ONLY",
-    "FULL_AND_PIECEWISE",
-    "NONE",
+    CudagraphMode.FULL,
+    CudagraphMode.PIECEWISE,
+    CudagraphMode.FULL_DECODE_ONLY,
+    CudagraphMode.FULL_AND_PIECEWISE,
+    CudagraphMode.NONE,
 )
 _CAPTURING_MODES = MODES_SIMPLEST_FIRST[:-1]
 
@@ -161,7 +162,7 @@ def _realistic(
     varlen = (
         capabilities.has_varlen_decode
         and decode_query_len > 1
-        and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY")
+        and mode in (CudagraphMode.FULL_AND_PIECEWISE, CudagraphMode.FULL_DECODE_ONLY)
         and draw(st.booleans())
     )
     drafter = None

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dpsim.records.policy import CudagraphMode
+
 __all__ = ["CaptureTable", "TableRow", "candidates_for", "capture_table"]
 
 
@@ -106,7 +108,7 @@ class CaptureTable:
 
 
 def _mode_rank(name: str) -> tuple[int, str]:
-    order = {"FULL": 0, "PIECEWISE": 1}
+    order = {CudagraphMode.FULL: 0, CudagraphMode.PIECEWISE: 1}
     return (order.get(name, 2), name)
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dpsim.errors import UsageError
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.scenarios.run import PolicyRefused
 from dpsim.targets.load import Target
 
@@ -60,9 +60,9 @@ ROWS: tuple[Row, ...] = (
     Row("padding per step, mean", lambda c: c.padding_mean, "low"),
     Row("padding per step, p50", lambda c: c.padding_p50, "low"),
     Row("padding per step, p99", lambda c: c.padding_p99, "low"),
-    Row("steps FULL", lambda c: c.mode_share("FULL"), "high"),
-    Row("steps PIECEWISE", lambda c: c.mode_share("PIECEWISE"), None),
-    Row("steps eager", lambda c: c.mode_share("NONE"), "low"),
+    Row("steps FULL", lambda c: c.mode_share(CudagraphMode.FULL), "high"),
+    Row("steps PIECEWISE", lambda c: c.mode_share(CudagraphMode.PIECEWISE), None),
+    Row("steps eager", lambda c: c.mode_share(CudagraphMode.NONE), "low"),
     Row("steps DP padding dominates", lambda c: c.dp_dominated, None),
 )
 

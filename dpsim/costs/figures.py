@@ -31,11 +31,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from dpsim.records.policy import CudagraphMode
+
 __all__ = ["MODES", "PolicyCost", "StepCost", "nearest_rank", "summarise"]
 
 #: Step modes, in display order. "mixed" means ranks ran different modes,
 #: which the safety check reports; here it is only counted.
-MODES = ("FULL", "PIECEWISE", "NONE", "mixed")
+MODES = (CudagraphMode.FULL, CudagraphMode.PIECEWISE, CudagraphMode.NONE, "mixed")
 
 
 @dataclass(frozen=True)

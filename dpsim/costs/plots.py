@@ -18,6 +18,8 @@ from pathlib import Path
 
 import matplotlib
 
+from dpsim.records.policy import CudagraphMode
+
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
@@ -30,9 +32,9 @@ from .report import FIGURE_NOTES, cell, unsafe_mark
 __all__ = ["padding_by_batch_size", "write_html", "write_plots"]
 
 _MODE_COLOURS = (
-    ("FULL", "FULL graph", "#2b8a3e"),
-    ("PIECEWISE", "PIECEWISE graph", "#4dabf7"),
-    ("NONE", "eager", "#e8590c"),
+    (CudagraphMode.FULL, "FULL graph", "#2b8a3e"),
+    (CudagraphMode.PIECEWISE, "PIECEWISE graph", "#4dabf7"),
+    (CudagraphMode.NONE, "eager", "#e8590c"),
     ("mixed", "ranks disagree", "#212529"),
 )
 

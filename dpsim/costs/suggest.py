@@ -25,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from dpsim.errors import UsageError
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 
 __all__ = ["best_sizes", "suggest_policy"]
 
@@ -100,7 +100,7 @@ def suggest_policy(
     """
     if budget < 1:
         raise UsageError("--suggest: the budget must be at least 1 graph")
-    if base.cudagraph_mode == "NONE":
+    if base.cudagraph_mode == CudagraphMode.NONE:
         raise UsageError("--suggest: the first policy captures no graphs (mode NONE)")
     observed: Counter[int] = Counter()
     for size, weight in batch_sizes:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Phase, Property, Verdict
 
 NAME = "agreed-values"
@@ -59,15 +61,17 @@ def _wrong_value(phase: Phase, agreement: dict[str, Any]) -> str | None:
             f"agreed uniform length {agreement['uniform_token_count']}, but the ranks "
             f"passed {[batch['uniform_token_count'] for batch in inputs]}"
         )
-    if agreement["eager"] and any(d["cg_mode"] != "NONE" for d in descriptors):
-        graph = next(d for d in descriptors if d["cg_mode"] != "NONE")
+    if agreement["eager"] and any(
+        d["cg_mode"] != CudagraphMode.NONE for d in descriptors
+    ):
+        graph = next(d for d in descriptors if d["cg_mode"] != CudagraphMode.NONE)
         return f"agreed eager, but a rank replays a {graph['cg_mode']} graph"
     if agreement["num_reqs"] is not None:
         most = max(batch["num_reqs"] for batch in inputs)
         padded = {
             d["num_reqs"]
             for d in descriptors
-            if d["cg_mode"] == "FULL" and d["num_reqs"]
+            if d["cg_mode"] == CudagraphMode.FULL and d["num_reqs"]
         }
         allowed = {most} | (padded if len(padded) == 1 else set())
         if agreement["num_reqs"] not in allowed or agreement["num_reqs"] < most:

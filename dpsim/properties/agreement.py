@@ -15,6 +15,8 @@ all-to-all. Guards: a per-rank value used where an agreed one was needed
 
 from __future__ import annotations
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict, first_difference
 
 NAME = "agreement"
@@ -41,7 +43,10 @@ def judge(evidence: Evidence) -> Verdict | None:
         eager = (
             agreed["eager"]
             if agreed is not None and agreed["eager"] is not None
-            else all(descriptor["cg_mode"] == "NONE" for descriptor in descriptors)
+            else all(
+                descriptor["cg_mode"] == CudagraphMode.NONE
+                for descriptor in descriptors
+            )
         )
         if eager:
             continue

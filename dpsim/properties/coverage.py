@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict
 
 NAME = "coverage"
@@ -41,7 +43,7 @@ def shortfall(
         and descriptor["num_reqs"] < batch["num_reqs"]
     ):
         return f"{descriptor['num_reqs']} requests < the batch's {batch['num_reqs']}"
-    if descriptor["cg_mode"] == "NONE":
+    if descriptor["cg_mode"] == CudagraphMode.NONE:
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
         # padded"), except tokens, to split microbatches evenly.
         split = descriptor["num_ubatches"] > 1

@@ -12,6 +12,8 @@ some ranks and a graph on others (30173/30323, 34102).
 
 from __future__ import annotations
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict
 
 NAME = "eager-contagion"
@@ -22,7 +24,9 @@ def judge(evidence: Evidence) -> Verdict | None:
         if not phase.any_work:
             continue
         ranks = range(len(phase.records))
-        eager = [phase.descriptor(rank)["cg_mode"] == "NONE" for rank in ranks]
+        eager = [
+            phase.descriptor(rank)["cg_mode"] == CudagraphMode.NONE for rank in ranks
+        ]
         asked = [phase.inputs(rank)["need_eager"] for rank in ranks]
         if all(eager) or not (any(eager) or any(asked)):
             continue

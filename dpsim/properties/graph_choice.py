@@ -27,11 +27,13 @@ serve the batches they should.
 
 from __future__ import annotations
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict
 
 NAME = "graph-choice"
 #: Less is cheaper to get wrong: a rank may not fall to a lower mode.
-_RANK = {"NONE": 0, "PIECEWISE": 1, "FULL": 2}
+_RANK = {CudagraphMode.NONE: 0, CudagraphMode.PIECEWISE: 1, CudagraphMode.FULL: 2}
 
 
 def judge(evidence: Evidence) -> Verdict | None:
@@ -46,7 +48,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             ran = phase.descriptor(rank)
             got = (ran["cg_mode"], ran["num_tokens"], ran["num_ubatches"] or 1)
             wanted = (choice["cg_mode"], choice["num_tokens"], choice["num_ubatches"])
-            if wanted[0] == "NONE" or got[2] != wanted[2]:
+            if wanted[0] == CudagraphMode.NONE or got[2] != wanted[2]:
                 continue  # the safety properties' to judge
             downgraded = _RANK[got[0]] < _RANK[wanted[0]]
             if downgraded or got[1] > wanted[1]:

@@ -13,6 +13,8 @@ Guards: idle ranks and dummy runs (25906, 28774, vllm-ascend 2454).
 
 from __future__ import annotations
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict
 
 NAME = "idle"
@@ -25,7 +27,10 @@ def judge(evidence: Evidence) -> Verdict | None:
         if not phase.any_work:
             for rank in ranks:
                 descriptor = phase.descriptor(rank)
-                if descriptor["cg_mode"] != "NONE" or descriptor["num_tokens"] != 0:
+                if (
+                    descriptor["cg_mode"] != CudagraphMode.NONE
+                    or descriptor["num_tokens"] != 0
+                ):
                     return Verdict(
                         NAME,
                         phase.name,

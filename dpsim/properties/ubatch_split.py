@@ -13,6 +13,8 @@ microbatching boundary cases (57020, open upstream: counts [64, 128] with a
 
 from __future__ import annotations
 
+from dpsim.records.policy import CudagraphMode
+
 from .base import Evidence, Property, Verdict
 
 NAME = "ubatch-split"
@@ -23,7 +25,7 @@ def judge(evidence: Evidence) -> Verdict | None:
         for rank in range(len(phase.records)):
             descriptor = phase.descriptor(rank)
             parts = descriptor["num_ubatches"]
-            if parts <= 1 or descriptor["cg_mode"] == "NONE":
+            if parts <= 1 or descriptor["cg_mode"] == CudagraphMode.NONE:
                 continue
             filled_before_last = (parts - 1) * (descriptor["num_tokens"] // parts)
             tokens = phase.inputs(rank)["num_tokens"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dpsim.records.policy import Microbatching
+from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.targets.adapters import describe, dispatch
 
 from .case import RankBatch
@@ -70,8 +70,12 @@ def table_choices(
             _split_choice(manager, batch, agreed, smallest, parts, anyone_eager)
             for batch in step
         ]
-    if anyone_eager or any(_alone(manager, batch) == "NONE" for batch in step):
-        return [_choice("NONE", batch.num_tokens, 1, agreed) for batch in step]
+    if anyone_eager or any(
+        _alone(manager, batch) == CudagraphMode.NONE for batch in step
+    ):
+        return [
+            _choice(CudagraphMode.NONE, batch.num_tokens, 1, agreed) for batch in step
+        ]
     return [
         _described(
             dispatch(
@@ -112,7 +116,7 @@ def _split_choice(
 ) -> dict[str, Any]:
     # Every rank pads to the largest; a microbatched graph only if one serves
     # and every rank has tokens in its last microbatch (ubatch-split).
-    eager = _choice("NONE", agreed["largest"], parts, agreed)
+    eager = _choice(CudagraphMode.NONE, agreed["largest"], parts, agreed)
     if anyone_eager:
         return eager
     graph = describe(
@@ -125,7 +129,9 @@ def _split_choice(
             num_ubatches=parts,
         )
     )
-    if graph.cg_mode == "NONE" or smallest <= (parts - 1) * (graph.num_tokens // parts):
+    if graph.cg_mode == CudagraphMode.NONE or smallest <= (parts - 1) * (
+        graph.num_tokens // parts
+    ):
         return eager
     return _choice(graph.cg_mode, graph.num_tokens, parts, agreed)
 

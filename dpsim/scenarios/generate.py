@@ -33,7 +33,12 @@ from hypothesis import strategies as st
 
 from dpsim.capture import strategies as policy_strategies
 from dpsim.errors import UsageError
-from dpsim.records.policy import Capabilities, CapturePolicy, Microbatching
+from dpsim.records.policy import (
+    Capabilities,
+    CapturePolicy,
+    CudagraphMode,
+    Microbatching,
+)
 from dpsim.targets.buildable import BuildRules, rules_of
 from dpsim.targets.load import Target
 
@@ -210,7 +215,7 @@ def _fit_policy(
     # to choose from (the others still test eager splits).
     if (
         scenario == "ubatch"
-        and policy.cudagraph_mode in ("NONE", "PIECEWISE")
+        and policy.cudagraph_mode in (CudagraphMode.NONE, CudagraphMode.PIECEWISE)
         and draw(st.booleans())
     ):
         policy = replace(
@@ -490,7 +495,11 @@ def _thresholds(policy: CapturePolicy) -> tuple[int, ...]:
     return tuple(value for value in values if value > 0)
 
 
-FULL_CAPABLE_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+FULL_CAPABLE_MODES = (
+    CudagraphMode.FULL,
+    CudagraphMode.FULL_DECODE_ONLY,
+    CudagraphMode.FULL_AND_PIECEWISE,
+)
 
 #: Every rank a uniform decode that one microbatched graph can serve.
 SPLIT = ("split",)

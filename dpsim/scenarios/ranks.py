@@ -15,6 +15,7 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from dpsim.records.policy import CudagraphMode
 from dpsim.sim import EP_GROUP
 from dpsim.targets import runtime
 from dpsim.targets.adapters import Agreement, Descriptor, agreement_of, describe
@@ -172,7 +173,7 @@ def forward(descriptor: Descriptor, agreement: Any) -> None:
     group = world.group(EP_GROUP)
     dist = world.dist
     microbatches = max(descriptor.num_ubatches, 1)
-    if descriptor.cg_mode == "NONE":
+    if descriptor.cg_mode == CudagraphMode.NONE:
         count = torch.tensor([descriptor.num_tokens], dtype=torch.int32)
         gathered = torch.empty(group.size(), dtype=torch.int32)
         for _ in range(microbatches):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim import allowances
-from dpsim.records.policy import CapturePolicy, ManagerConfig
+from dpsim.records.policy import CapturePolicy, CudagraphMode, ManagerConfig
 from dpsim.sim import SimResult, simulate
 from dpsim.sim.choosers import Chooser
 from dpsim.targets.load import Target
@@ -89,7 +89,9 @@ def _drafter_decode(target: Target, prefill: ManagerConfig) -> ManagerConfig:
     return replace(
         prefill,
         decode_query_len=1,
-        cudagraph_mode="FULL_DECODE_ONLY" if full_decodes else "NONE",
+        cudagraph_mode=CudagraphMode.FULL_DECODE_ONLY
+        if full_decodes
+        else CudagraphMode.NONE,
     )
 
 

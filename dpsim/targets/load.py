@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from dpsim.errors import TargetError
-from dpsim.records.policy import ManagerConfig, Microbatching
+from dpsim.records.policy import CudagraphMode, ManagerConfig, Microbatching
 from dpsim.targets import adapters
 from dpsim.targets.cache import cache_root, ensure_release
 from dpsim.targets.manager import ParallelConfigStandIn, build_manager
@@ -167,7 +167,7 @@ def _load(spec: TargetSpec) -> Target:
     cudagraph_utils = loader.module(CUDAGRAPH_MODULE)
     compilation = loader.module(COMPILATION_MODULE)
     mode_enum = compilation.__dict__.get("CUDAGraphMode")
-    if mode_enum is None or not hasattr(mode_enum, "NONE"):
+    if mode_enum is None or not hasattr(mode_enum, CudagraphMode.NONE):
         raise TargetError(
             f"{spec.base}: vllm/config/compilation.py has no CUDAGraphMode"
         )
