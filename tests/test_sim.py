@@ -822,3 +822,38 @@ def test_measure_reports_both_sides() -> None:
     assert numbers["overhead"] == pytest.approx(
         numbers["bare_rounds_per_s"] / numbers["rounds_per_s"]
     )
+
+
+@pytest.mark.parametrize(
+    "implementation",
+    [
+        "dpsim.sim.collectives.SimCollectives",
+        "dpsim.sim.instant.InstantDist",
+        "dpsim.replay.world.RecordingDist",
+    ],
+)
+def test_every_fake_torch_distributed_defines_the_whole_protocol(
+    implementation: str,
+) -> None:
+    # mypy holds the three to DistLike; this also catches a call that a class
+    # answers only through its __getattr__ fallback, or under another name.
+    import importlib
+    import inspect
+
+    from dpsim.records.dist import DistLike
+
+    module, _, name = implementation.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
+    for member, declared in vars(DistLike).items():
+        if member.startswith("_") or not inspect.isfunction(declared):
+            continue
+        defined = inspect.getattr_static(cls, member)
+        wanted = list(inspect.signature(declared).parameters)
+        accepted = inspect.signature(defined).parameters
+        takes_any_keyword = any(
+            parameter.kind is inspect.Parameter.VAR_KEYWORD
+            for parameter in accepted.values()
+        )
+        missing = [p for p in wanted if p not in accepted and not takes_any_keyword]
+        assert not missing, f"{name}.{member} lacks {missing}"
+    assert inspect.getattr_static(cls, "ReduceOp") is torch.distributed.ReduceOp
