@@ -108,7 +108,7 @@ class CaptureTable:
 
 
 def _mode_rank(name: str) -> tuple[int, str]:
-    order = {CudagraphMode.FULL: 0, CudagraphMode.PIECEWISE: 1}
+    order: dict[str, int] = {CudagraphMode.FULL: 0, CudagraphMode.PIECEWISE: 1}
     return (order.get(name, 2), name)
 
 

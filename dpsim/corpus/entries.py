@@ -19,7 +19,7 @@ from dpsim.corpus.model import (
     UBATCH_BOUNDARY,
     FaultyTarget,
 )
-from dpsim.records.policy import CapturePolicy, Microbatching
+from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
 
 # Reference texts several entries edit, named once so the diffs stay legible.
 _V29_IDLE_RETURN = """\
@@ -43,18 +43,18 @@ _V29_REUSE_REPORTS_PADDING = """\
 # but the largest pads further on the drafter (4 -> 6, 8 -> 12).
 _DRAFTER_PADS_FURTHER = CapturePolicy(
     capture_sizes=(4, 8),
-    cudagraph_mode="FULL_AND_PIECEWISE",
+    cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
     max_num_seqs=8,
     decode_query_len=2,
     drafter=CapturePolicy(
-        capture_sizes=(6, 12), cudagraph_mode="PIECEWISE", max_num_seqs=8
+        capture_sizes=(6, 12), cudagraph_mode=CudagraphMode.PIECEWISE, max_num_seqs=8
     ),
 )
 # Varlen decode graphs (bounded by the decode length, 2) over a wide table, so
 # a decoding rank next to a rank with longer queries often fits one.
 _VARLEN_DECODE = CapturePolicy(
     capture_sizes=(2, 4, 8, 16, 32, 64, 128, 256),
-    cudagraph_mode="FULL_AND_PIECEWISE",
+    cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
     max_num_seqs=256,
     decode_query_len=2,
     varlen_decode=True,
@@ -63,7 +63,7 @@ _VARLEN_DECODE = CapturePolicy(
 # at 8 and 16, so counts such as [4, 8] land on the 57020 boundary.
 _TWO_WAY_SPLIT = CapturePolicy(
     capture_sizes=(8, 16),
-    cudagraph_mode="FULL",
+    cudagraph_mode=CudagraphMode.FULL,
     max_num_seqs=16,
     microbatching=Microbatching(
         num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
@@ -73,7 +73,7 @@ _TWO_WAY_SPLIT = CapturePolicy(
 #: Thresholds far apart, so a decode held to the wrong one is decided wrongly.
 _THRESHOLDS_APART = CapturePolicy(
     capture_sizes=(8, 16),
-    cudagraph_mode="FULL",
+    cudagraph_mode=CudagraphMode.FULL,
     max_num_seqs=16,
     microbatching=Microbatching(
         num_ubatches=2, decode_token_threshold=2, prefill_token_threshold=12

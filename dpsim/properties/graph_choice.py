@@ -33,7 +33,7 @@ from .base import Evidence, Property, Verdict
 
 NAME = "graph-choice"
 #: Less is cheaper to get wrong: a rank may not fall to a lower mode.
-_RANK = {CudagraphMode.NONE: 0, CudagraphMode.PIECEWISE: 1, CudagraphMode.FULL: 2}
+_RANK: dict[str, int] = {CudagraphMode.NONE: 0, CudagraphMode.PIECEWISE: 1, CudagraphMode.FULL: 2}
 
 
 def judge(evidence: Evidence) -> Verdict | None:

@@ -390,8 +390,9 @@ def _default_grid(kwargs: dict[str, Any]) -> list[int]:
 
 # -- validation, declared field by field, in the order problems are named ----
 
-#: A policy rule: what is wrong with a policy, as its one-line refusal, or None.
-_Rule = Callable[[CapturePolicy], "str | None"]
+#: A rule: what is wrong with a policy (or its microbatching table), as the
+#: one-line refusal, or None.
+_Rule = Callable[[Any], "str | None"]
 
 
 def _field(spec: Field, prefix: str = "") -> _Rule:
