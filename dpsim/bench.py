@@ -21,7 +21,7 @@ from typing import Any
 
 from dpsim.check import CheckOptions, run_check
 from dpsim.records.policy import CapturePolicy, CudagraphMode
-from dpsim.sim import measure
+from dpsim.sim import measure_overhead
 from dpsim.targets import SyncInputs
 from dpsim.targets.load import Target
 
@@ -58,7 +58,7 @@ def sync_program(target: Target, ranks: int) -> Callable[[int], Any]:
 
 
 def bench_sim(target: Target, ranks: int, rounds: int) -> dict[str, Any]:
-    figures = measure(sync_program(target, ranks), ranks, rounds)
+    figures = measure_overhead(sync_program(target, ranks), ranks, rounds)
     return {"measure": "sim", "target": target.label, **figures}
 
 

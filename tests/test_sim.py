@@ -814,8 +814,8 @@ def test_trace_size_grows_linearly_in_ranks_until_values_are_read() -> None:
     assert large < 6 * small  # 4x when linear
 
 
-def test_measure_reports_both_sides() -> None:
-    numbers = sim.measure(sync_like_program, ranks=4, rounds=5)
+def test_measure_overhead_reports_both_sides() -> None:
+    numbers = sim.measure_overhead(sync_like_program, ranks=4, rounds=5)
 
     assert numbers["ranks"] == 4 and numbers["rounds"] == 5
     assert numbers["rounds_per_s"] > 0 and numbers["bare_rounds_per_s"] > 0

@@ -29,9 +29,9 @@ Outcomes, by precedence (the first that applies): ``crash`` (a rank raised),
 collective with different kind/op/shape/dtype/source), ``hang`` (a collective
 never completed: some rank waits, or an async one was left unmatched), ``ok``.
 
-``measure()`` compares a simulated run with the same per-rank calls answered
-instantly from a recorded run (``InstantWorld``): the overhead the simulator
-adds over the target's own cost.
+``measure_overhead()`` compares a simulated run with the same per-rank calls
+answered instantly from a recorded run (``InstantWorld``): the overhead the
+simulator adds over the target's own cost.
 """
 
 from dpsim.records.groups import (
@@ -66,7 +66,7 @@ from dpsim.sim.choosers import (
 from dpsim.sim.collectives import SimCollectives, SimProcessGroup, SimWork
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.instant import InstantWorld
-from dpsim.sim.measure import measure
+from dpsim.sim.overhead import measure_overhead
 from dpsim.sim.render import render_table
 from dpsim.sim.scheduler import (
     DEFAULT_STEP_BUDGET,
@@ -118,7 +118,7 @@ __all__ = [
     "WaitInfo",
     "current_rank",
     "current_world",
-    "measure",
+    "measure_overhead",
     "record",
     "render_table",
     "simulate",

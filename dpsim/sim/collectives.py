@@ -74,10 +74,10 @@ def _reduce(stacked: torch.Tensor, op_name: str) -> torch.Tensor:
 
     A 256-rank DP sync reduces 256 x (4 x 256) values. In one op torch hands
     that to its thread pool, and on a busy machine waiting for a worker thread
-    to be scheduled cost milliseconds (a sum that takes 50us on one thread
-    took 4-12ms), far more than the work. Reducing blocks of rows below the
-    grain size, then the blocks' results the same way, never leaves this
-    thread and does not depend on the thread count.
+    to be scheduled costs milliseconds, far more than the work (tens of
+    microseconds on one thread). Reducing blocks of rows below the grain
+    size, then the blocks' results the same way, never leaves this thread and
+    does not depend on the thread count.
     """
     members = stacked.shape[0]
     width = stacked[0].numel()

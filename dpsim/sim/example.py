@@ -1,12 +1,12 @@
-"""A stand-in for the real DP sync, for the simulator's benchmark and tests.
+"""A stand-in for the real DP sync, for the simulator's own tests.
 
-It does what ``dispatch_cg_and_sync_dp`` does per rank, in the same way the
-loaded target reaches the world (``runtime.DIST_PROXY`` for
-``torch.distributed``, ``runtime.current().dp_group()`` for ``get_dp_group()``):
-fill a (5, dp_size) int32 tensor with this rank's row, all-reduce it over the
-DP CPU group, then agree on a padded size with a handful of small torch ops.
-Until ``dpsim bench`` runs the real target, this is what the simulator's
-overhead is measured against.
+It does what ``dispatch_cg_and_sync_dp`` does per rank, and reaches the world
+the way a loaded target does (``runtime.DIST_PROXY`` for ``torch.distributed``,
+``runtime.current().dp_group()`` for ``get_dp_group()``): fill a (5, dp_size)
+int32 tensor with this rank's row, all-reduce it over the DP CPU group, then
+agree on a padded size with a handful of small torch ops. It needs no vLLM
+release, so the simulator's tests (and its overhead, ``measure_overhead``)
+run on a realistic sync without one.
 """
 
 from __future__ import annotations

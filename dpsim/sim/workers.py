@@ -92,9 +92,9 @@ def reset_pool() -> None:
     """Drop the idle workers; the next runs start fresh ones.
 
     Called where a new search begins (``dpsim.check.run_check``). Workers that
-    had served runs of several earlier searches crashed the interpreter
-    (SIGSEGV) when a torch C++ exception was then raised in one of them, while
-    fresh workers never did (``tests/test_check.py`` reproduces it in a child
+    have served runs of several earlier searches can crash the interpreter
+    (SIGSEGV) when a torch C++ exception is then raised in one of them, while
+    fresh workers do not (``tests/test_check.py`` reproduces it in a child
     process). The root cause, somewhere in greenlet's stack switching under
     C++ unwinding, is not pinned down; reuse within one search keeps nearly
     all of the pool's speed.

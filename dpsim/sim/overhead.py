@@ -27,7 +27,7 @@ from dpsim.sim.simulate import per_rank_programs, simulate
 from dpsim.targets import runtime
 
 
-def measure(
+def measure_overhead(
     programs: Program | Sequence[Program],
     ranks: int,
     rounds: int,
@@ -47,7 +47,7 @@ def measure(
     reference = simulate(program_list, ranks=ranks, groups=groups)
     if reference.outcome is not Outcome.OK:
         raise ValueError(
-            "measure() needs a program that completes; the reference run did not:\n"
+            "measure_overhead() needs a program that completes; the reference run did not:\n"
             + render_table(reference)
         )
     instant = InstantWorld(reference)
