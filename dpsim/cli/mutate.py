@@ -21,7 +21,7 @@ from dpsim.mutate import (
     DEFAULT_SECONDS,
     OPERATOR_NAMES,
     Budget,
-    Outcome,
+    MutantOutcome,
     generate,
     mutate,
     render,
@@ -218,7 +218,7 @@ class _Progress:
         self.killed = 0
         self.drawn = False
 
-    def __call__(self, done: int, planned: int, outcome: Outcome) -> None:
+    def __call__(self, done: int, planned: int, outcome: MutantOutcome) -> None:
         self.killed += outcome.killed
         line = f"mutants {done}/{planned} · killed {self.killed} · " + (
             f"survived {done - self.killed}"

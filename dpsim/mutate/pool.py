@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
-from dpsim.mutate.run import KILLED, TIMEOUT, WORKER, Job, Outcome, check_mutant
+from dpsim.mutate.run import KILLED, TIMEOUT, WORKER, Job, MutantOutcome, check_mutant
 
 #: Time a fresh worker may take to import torch and dpsim before its first job.
 START_ALLOWANCE = 30.0
@@ -58,7 +58,7 @@ def run_jobs(
     jobs: Iterable[Job],
     workers: int,
     limit: float,
-) -> Iterator[Outcome]:
+) -> Iterator[MutantOutcome]:
     """Outcomes of ``jobs`` in the order they finish; at most ``limit``
     seconds each before its worker is terminated and the job is a timeout."""
     context = multiprocessing.get_context("spawn")
@@ -89,7 +89,7 @@ def run_jobs(
                 job = worker.job
                 if job is None:
                     continue
-                outcome: Outcome | None = None
+                outcome: MutantOutcome | None = None
                 if worker.connection in ready:
                     try:
                         outcome = worker.connection.recv()
@@ -104,7 +104,7 @@ def run_jobs(
                             retried.add(job.mutant_id)
                             pending.appendleft(job)
                             continue
-                        outcome = Outcome(
+                        outcome = MutantOutcome(
                             job.mutant_id,
                             KILLED,
                             WORKER,
@@ -112,7 +112,7 @@ def run_jobs(
                             elapsed=time.monotonic() - worker.started,
                         )
                 elif time.monotonic() > _deadline(worker, limit):
-                    outcome = Outcome(
+                    outcome = MutantOutcome(
                         job.mutant_id,
                         TIMEOUT,
                         message=f"no verdict within {limit:g}s; worker terminated",

@@ -99,7 +99,9 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class MutantOutcome:
+    """What checking one mutant came to: killed (by what, where) or survived."""
+
     mutant_id: str
     status: str
     #: The property that failed first, or LOAD / HARNESS / WORKER.
@@ -176,7 +178,7 @@ def _load_original(vllm: str | None, path: str) -> Target:
     return load_target(vllm, path)
 
 
-def check_mutant(job: Job) -> Outcome:
+def check_mutant(job: Job) -> MutantOutcome:
     """Run ``job``'s mutant through every leg until one fails.
 
     The wall-clock cap is checked between legs, never inside one: a leg cut
@@ -193,12 +195,16 @@ def check_mutant(job: Job) -> Outcome:
         target = load_target(job.plan.vllm, job.path)
     except Exception as error:
         message = f"{type(error).__name__}: {error}"
-        return Outcome(job.mutant_id, KILLED, LOAD, message=message, seconds=elapsed())
+        return MutantOutcome(
+            job.mutant_id, KILLED, LOAD, message=message, seconds=elapsed()
+        )
     for leg in job.plan.legs:
         leg_started = elapsed()
         if leg_started > job.plan.budget.seconds:
             cap = f"wall-clock cap of {job.plan.budget.seconds:g}s reached"
-            return Outcome(job.mutant_id, SURVIVED, message=cap, elapsed=leg_started)
+            return MutantOutcome(
+                job.mutant_id, SURVIVED, message=cap, elapsed=leg_started
+            )
         try:
             original = (
                 _load_original(job.plan.vllm, job.plan.original)
@@ -209,7 +215,7 @@ def check_mutant(job: Job) -> Outcome:
         except Exception as error:
             # dpsim itself tripped over what the mutant returned: any check
             # run on this file fails, so the mutant does not go unnoticed.
-            return Outcome(
+            return MutantOutcome(
                 job.mutant_id,
                 KILLED,
                 HARNESS,
@@ -221,7 +227,7 @@ def check_mutant(job: Job) -> Outcome:
             )
         if run.finding is not None:
             primary = run.finding.primary
-            return Outcome(
+            return MutantOutcome(
                 job.mutant_id,
                 KILLED,
                 primary.property,
@@ -231,4 +237,4 @@ def check_mutant(job: Job) -> Outcome:
                 leg_started + (run.first_failure_seconds or run.seconds),
                 elapsed(),
             )
-    return Outcome(job.mutant_id, SURVIVED, elapsed=elapsed())
+    return MutantOutcome(job.mutant_id, SURVIVED, elapsed=elapsed())

@@ -26,7 +26,7 @@ from dpsim.mutate.run import (
     TIMEOUT,
     Budget,
     Job,
-    Outcome,
+    MutantOutcome,
     Plan,
     baseline,
     check_mutant,
@@ -35,13 +35,13 @@ from dpsim.targets import load_target
 from dpsim.targets.load import DP_UTILS_MODULE
 
 #: Called as ``progress(done, planned, outcome)`` after each mutant.
-Progress = Callable[[int, int, Outcome], None]
+Progress = Callable[[int, int, MutantOutcome], None]
 
 
 @dataclass(frozen=True)
 class Result:
     mutant: Mutant
-    outcome: Outcome
+    outcome: MutantOutcome
     #: The reviewed reason, when the mutant is listed as equivalent.
     equivalent: str | None = None
 
@@ -165,7 +165,7 @@ def mutate(
     listed = equivalent.for_file(loaded.sha256, equivalent_lists)
     # Each mutant replaces dp_utils.py on the same base the original ran on.
     plan = baseline(target, loaded.path, vllm, budget)
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, MutantOutcome] = {}
     with tempfile.TemporaryDirectory(prefix="dpsim-mutants-") as directory:
         jobs = []
         for index, mutant in enumerate(mutants):
@@ -193,7 +193,7 @@ def mutate(
     )
 
 
-def _outcomes(jobs: list[Job], workers: int, budget: Budget) -> Iterator[Outcome]:
+def _outcomes(jobs: list[Job], workers: int, budget: Budget) -> Iterator[MutantOutcome]:
     if workers == 0:
         for job in jobs:
             yield check_mutant(job)
