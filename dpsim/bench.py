@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from dpsim.check import CheckOptions, run_check
+from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.sim import measure_overhead
-from dpsim.targets import SyncInputs
 from dpsim.targets.load import Target
 
 #: A realistic table: vLLM's default-like sizes up to 512, FULL and PIECEWISE.

@@ -7,11 +7,11 @@ plain values, and only this module turns them into text.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from dpsim.properties.base import Evidence, Phase
+from dpsim.records.case import POLICY_SPACES, Case, RankBatch
 from dpsim.records.policy import CapturePolicy
-from dpsim.scenarios.case import POLICY_SPACES, Case
+from dpsim.records.sync import Agreement, Descriptor
 from dpsim.sim import render_table
 from dpsim.terminal import printable
 
@@ -57,47 +57,52 @@ def describe_policy(policy: CapturePolicy) -> str:
     return ", ".join(parts)
 
 
-def _inputs_cell(inputs: dict[str, Any]) -> str:
-    text = f"{inputs['kind']} {inputs['num_reqs']}r/{inputs['num_tokens']}t"
-    if inputs["uniform_token_count"] is not None:
-        text += f" u={inputs['uniform_token_count']}"
-    if inputs["max_query_len"] is not None:
-        text += f" q<={inputs['max_query_len']}"
+def _inputs_cell(inputs: RankBatch) -> str:
+    text = f"{inputs.kind} {inputs.num_reqs}r/{inputs.num_tokens}t"
+    if inputs.uniform_token_count is not None:
+        text += f" u={inputs.uniform_token_count}"
+    if inputs.max_query_len is not None:
+        text += f" q<={inputs.max_query_len}"
     flags = [
         name
-        for name, key in (
-            ("eager!", "need_eager"),
-            ("ub", "allow_ubatching"),
-            ("skip", "allow_skip_drafts"),
+        for name, flag in (
+            ("eager!", inputs.need_eager),
+            ("ub", inputs.allow_ubatching),
+            ("skip", inputs.allow_skip_drafts),
         )
-        if inputs[key]
+        if flag
     ]
-    if inputs["num_active_loras"]:
-        flags.append(f"lora={inputs['num_active_loras']}")
+    if inputs.num_active_loras:
+        flags.append(f"lora={inputs.num_active_loras}")
     return " ".join([text, *flags])
 
 
-def _descriptor_cell(descriptor: dict[str, Any]) -> str:
-    text = f"{descriptor['cg_mode']} {descriptor['num_tokens']}t"
-    if descriptor["num_reqs"] is not None:
-        text += f"/{descriptor['num_reqs']}r"
-    if descriptor["uniform_token_count"] is not None:
-        text += f" u={descriptor['uniform_token_count']}"
-    if descriptor["max_query_len"] is not None:
-        text += f" q<={descriptor['max_query_len']}"
-    if descriptor["num_ubatches"] > 1:
-        text += f" x{descriptor['num_ubatches']}"
+def _descriptor_cell(descriptor: Descriptor) -> str:
+    text = f"{descriptor.cg_mode} {descriptor.num_tokens}t"
+    if descriptor.num_reqs is not None:
+        text += f"/{descriptor.num_reqs}r"
+    if descriptor.uniform_token_count is not None:
+        text += f" u={descriptor.uniform_token_count}"
+    if descriptor.max_query_len is not None:
+        text += f" q<={descriptor.max_query_len}"
+    if descriptor.num_ubatches > 1:
+        text += f" x{descriptor.num_ubatches}"
     return text
 
 
-def _agreement_cell(agreement: dict[str, Any] | None) -> str:
+def _agreement_cell(agreement: Agreement | None) -> str:
     if agreement is None:
         return "none"
-    text = f"{agreement['num_tokens_across_dp']}"
+    text = f"{list(agreement.num_tokens_across_dp)}"
     extras = [
-        f"{key}={agreement[key]}"
-        for key in ("eager", "uniform_token_count", "num_reqs", "skip_drafts")
-        if agreement[key] is not None
+        f"{key}={value}"
+        for key, value in (
+            ("eager", agreement.eager),
+            ("uniform_token_count", agreement.uniform_token_count),
+            ("num_reqs", agreement.num_reqs),
+            ("skip_drafts", agreement.skip_drafts),
+        )
+        if value is not None
     ]
     return " ".join([text, *extras])
 
@@ -108,13 +113,12 @@ def phase_table(phase: Phase) -> str:
         if record is None:
             rows.append((str(rank), "(never got here)", "", ""))
             continue
-        outcome = (
-            f"raised {record['error']}"
-            if "error" in record
-            else _descriptor_cell(record["descriptor"])
-        )
-        agreement = "" if "error" in record else _agreement_cell(record["agreement"])
-        rows.append((str(rank), _inputs_cell(record["inputs"]), outcome, agreement))
+        if record.descriptor is None:
+            outcome, agreement = f"raised {record.error}", ""
+        else:
+            outcome = _descriptor_cell(record.descriptor)
+            agreement = _agreement_cell(record.agreement)
+        rows.append((str(rank), _inputs_cell(record.inputs), outcome, agreement))
     return table(("rank", "passed in", "chose", "agreed"), rows)
 
 

@@ -20,8 +20,8 @@ from dpsim import cex, check
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
 from dpsim.records.policy import CapturePolicy
+from dpsim.records.sync import sync_records
 from dpsim.scenarios import Case, RankBatch, run_case
-from dpsim.scenarios.ranks import sync_records
 from dpsim.targets import load_target
 
 pytestmark = pytest.mark.release
@@ -157,11 +157,12 @@ def test_real_finding_an_idle_rank_in_a_busy_eager_step_is_told_zero_tokens() ->
     busy = RankBatch(num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1)
     idle = RankBatch(num_reqs=0, num_tokens=0, kind="idle")
     result = run_case(target, Case("step", "contract", policy, ((busy, idle),)))
-    busy_sync, idle_sync = (sync_records(trace)[0] for trace in result.ranks)
-    assert busy_sync["descriptor"]["num_tokens"] == 1
-    assert idle_sync["descriptor"]["num_tokens"] == 0  # vLLM's skip signal...
-    assert idle_sync["agreement"] is not None  # ...while the ranks agreed to run
-    assert idle_sync["agreement"]["eager"] is True
+    busy_sync, idle_sync = (sync_records(trace.events)[0] for trace in result.ranks)
+    assert busy_sync.descriptor is not None and busy_sync.descriptor.num_tokens == 1
+    assert idle_sync.descriptor is not None
+    assert idle_sync.descriptor.num_tokens == 0  # vLLM's skip signal...
+    assert idle_sync.agreement is not None  # ...while the ranks agreed to run
+    assert idle_sync.agreement.eager is True
     assert result.outcome.value == "ok"  # branching on the agreement, nobody hangs
 
 

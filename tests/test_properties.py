@@ -18,9 +18,8 @@ from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.properties.base import Verdict
 from dpsim.records.policy import CapturePolicy, Microbatching
+from dpsim.records.sync import EXPECT_EVENT, SYNC_EVENT
 from dpsim.scenarios import Case, RankBatch
-from dpsim.scenarios.expect import EXPECT_EVENT
-from dpsim.scenarios.ranks import SYNC_EVENT
 from dpsim.sim import DP_CPU_GROUP, EP_GROUP, current_world, record, simulate
 
 POLICY = CapturePolicy(
@@ -76,7 +75,7 @@ def verdicts(
     def program(rank: int) -> None:
         if expected is not None and rank == 0:
             record(EXPECT_EVENT, phase="step 0", choices=expected)
-        payload = {"phase": "step 0", "reused": False, **records[rank]}
+        payload = {"phase": "step 0", "reused": False, "solo": False, **records[rank]}
         record(SYNC_EVENT, **payload)
         if "error" in payload:
             raise AssertionError(payload["error"])
@@ -519,13 +518,14 @@ def reuse_run(
     def program(rank: int) -> None:
         world = current_world()
         world.dist.all_reduce(torch.zeros(2), group=world.group("dp_cpu"))
-        record(SYNC_EVENT, phase="step 0", reused=False, **fresh)
+        record(SYNC_EVENT, phase="step 0", reused=False, solo=False, **fresh)
         if resync:
             world.dist.all_reduce(torch.zeros(2), group=world.group("dp_cpu"))
         record(
             SYNC_EVENT,
             phase="drafter prefill 0",
             reused=True,
+            solo=False,
             inputs=batch(runs),
             descriptor=chose("FULL", runs, runs),
             agreement=reused_agreement,

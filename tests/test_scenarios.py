@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
 from dpsim.records.policy import CapturePolicy, Microbatching
+from dpsim.records.sync import sync_records
 from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
 from dpsim.scenarios.expect import expected_split, table_choices
 from dpsim.scenarios.generate import _split, cases, scenarios_for, seeded_draws_only
-from dpsim.scenarios.ranks import sync_records
 from dpsim.scenarios.run import setting_for
 from dpsim.sim import Outcome
 from dpsim.targets import load_target
@@ -29,7 +29,8 @@ SMALL = CapturePolicy(
 
 def _phases(result) -> list[list[str]]:
     return [
-        [record["phase"] for record in sync_records(trace)] for trace in result.ranks
+        [record.phase for record in sync_records(trace.events)]
+        for trace in result.ranks
     ]
 
 
@@ -126,8 +127,8 @@ def _showing(target, scenario: str, wanted) -> list[Case]:
         records = [
             record
             for trace in result.ranks
-            for record in sync_records(trace)
-            if "descriptor" in record
+            for record in sync_records(trace.events)
+            if not record.raised
         ]
         if any(wanted(record) for record in records):
             shown.append(case)
@@ -154,8 +155,7 @@ def test_the_ubatch_scenario_reaches_microbatched_graphs_often() -> None:
         load_target("0.33.0"),
         "ubatch",
         lambda record: (
-            record["descriptor"]["num_ubatches"] > 1
-            and record["descriptor"]["cg_mode"] != "NONE"
+            record.descriptor.num_ubatches > 1 and record.descriptor.cg_mode != "NONE"
         ),
     )
     assert len(shown) >= 4
@@ -168,8 +168,8 @@ def test_caller_steps_reach_varlen_decodes() -> None:
         load_target("0.33.0"),
         "step",
         lambda record: (
-            record["inputs"]["kind"] == "varlen"
-            and record["descriptor"]["max_query_len"] is not None
+            record.inputs.kind == "varlen"
+            and record.descriptor.max_query_len is not None
         ),
     )
     assert shown and all(case.policy.varlen_decode for case in shown)
@@ -207,12 +207,10 @@ def test_the_drafter_scenario_runs_prefill_then_its_own_decode_syncs() -> None:
     assert (
         _phases(result) == [["step 0", "drafter prefill 0", "drafter decode 0.1"]] * 2
     )
-    prefill = sync_records(result.ranks[0])[1]
+    step, prefill = sync_records(result.ranks[0].events)[:2]
     # The prefill reuses the target's agreement: same padded count, no collective.
-    assert (
-        prefill["inputs"]["num_tokens"]
-        == sync_records(result.ranks[0])[0]["descriptor"]["num_tokens"]
-    )
+    assert step.descriptor is not None
+    assert prefill.inputs.num_tokens == step.descriptor.num_tokens
     syncs = [c for c in result.ranks[0].collectives if c.group == "dp_cpu"]
     assert (
         len(syncs) == 2
@@ -228,11 +226,12 @@ def test_a_step_records_what_each_rank_passed_and_chose() -> None:
         num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1, kind="dummy"
     )
     result = run_case(target, Case("step", "caller", SMALL, ((busy, idle),)))
-    first, second = (sync_records(trace)[0] for trace in result.ranks)
-    assert first["inputs"]["num_tokens"] == 3 and second["inputs"]["kind"] == "dummy"
-    assert first["descriptor"] == second["descriptor"]
-    assert first["descriptor"]["num_tokens"] == 4
-    assert first["agreement"]["num_tokens_across_dp"] == [4, 4]
+    first, second = (sync_records(trace.events)[0] for trace in result.ranks)
+    assert first.inputs.num_tokens == 3 and second.inputs.kind == "dummy"
+    assert first.descriptor == second.descriptor
+    assert first.descriptor is not None and first.descriptor.num_tokens == 4
+    assert first.agreement is not None
+    assert first.agreement.num_tokens_across_dp == (4, 4)
     ep = [c for c in result.ranks[1].collectives if c.group == "ep"]
     assert [c.signature.shape for c in ep] == [(4,)]
 
@@ -278,7 +277,7 @@ def _chosen(policy: CapturePolicy, step: tuple[RankBatch, ...]) -> list[tuple]:
     manager = setting_for(target, Case("step", "caller", policy, (step,))).manager
     choices = table_choices(manager, step, policy.microbatching)
     assert choices is not None
-    return [(c["cg_mode"], c["num_tokens"], c["num_ubatches"]) for c in choices]
+    return [(c.cg_mode, c.num_tokens, c.num_ubatches) for c in choices]
 
 
 def test_the_oracle_asks_the_real_table_for_the_agreed_batch() -> None:
@@ -329,9 +328,9 @@ def test_identical_batches_are_synced_again_alone_where_vllm_allows_it(
     phases = _phases(result)[0]
     assert phases == (["step 0", "solo 0", "step 1"] if solo else ["step 0", "step 1"])
     if solo:
-        together, alone = sync_records(result.ranks[1])[:2]
-        assert alone["solo"] and not together["solo"]
-        assert alone["descriptor"] == together["descriptor"]
+        together, alone = sync_records(result.ranks[1].events)[:2]
+        assert alone.solo and not together.solo
+        assert alone.descriptor == together.descriptor
 
 
 @pytest.mark.parametrize(

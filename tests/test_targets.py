@@ -14,10 +14,11 @@ import torch.distributed
 
 from dpsim.cli import main
 from dpsim.errors import TargetError
+from dpsim.records.case import SyncInputs
 from dpsim.records.policy import ManagerConfig
-from dpsim.targets import SyncInputs, load_target, runtime
 from dpsim.targets import cache as cache_module
 from dpsim.targets import load as load_module
+from dpsim.targets import load_target, runtime
 from dpsim.targets.adapters import DISPATCH_AND_SYNC, SYNC_ONLY, describe, dispatch
 
 pytestmark = pytest.mark.release

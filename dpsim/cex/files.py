@@ -22,7 +22,7 @@ import dpsim
 from dpsim.cex import validate
 from dpsim.errors import UsageError
 from dpsim.properties.base import Verdict
-from dpsim.scenarios.case import Case
+from dpsim.records.case import Case
 from dpsim.sim import SimResult
 from dpsim.targets.load import Target
 from dpsim.terminal import printable

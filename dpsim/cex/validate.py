@@ -21,8 +21,8 @@ from dpsim.limits import (
     MAX_SPECULATIVE_TOKENS,
     int_problem,
 )
+from dpsim.records.case import BATCH_KINDS, PROFILES
 from dpsim.records.trace import Outcome
-from dpsim.scenarios.case import BATCH_KINDS, PROFILES
 from dpsim.scenarios.programs import SCENARIOS
 
 #: Bounds of a counterexample's own shape, well above anything a real case

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsim.errors import UsageError
+from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy
-from dpsim.scenarios.case import PROFILES
 
 _HERE = Path(__file__).resolve().parent
 

@@ -91,13 +91,13 @@ def measure(target: Target, policy: CapturePolicy, workload: Workload) -> Measur
         if phase is None:
             continue
         descriptors = [phase.descriptor(rank) for rank in range(len(step))]
-        modes = {str(descriptor["cg_mode"]) for descriptor in descriptors}
+        modes = {str(descriptor.cg_mode) for descriptor in descriptors}
         observed.append(
             StepCost(
                 mode=modes.pop() if len(modes) == 1 else "mixed",
                 real=tuple(sum(lengths) for lengths in step),
                 passed=tuple(batch.num_tokens for batch in batches[index]),
-                ran=tuple(int(descriptor["num_tokens"]) for descriptor in descriptors),
+                ran=tuple(int(descriptor.num_tokens) for descriptor in descriptors),
             )
         )
     return Measured(tuple(observed), len(working) - len(observed), str(result.outcome))

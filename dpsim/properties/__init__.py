@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dpsim.errors import UsageError
-from dpsim.scenarios.case import Case
+from dpsim.records.case import Case
 from dpsim.sim import SimResult
 
 from . import (

@@ -19,9 +19,8 @@ agreed values computed from the wrong rank or the wrong reduction (30173,
 
 from __future__ import annotations
 
-from typing import Any
-
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import Agreement
 
 from .base import Evidence, Phase, Property, Verdict
 
@@ -30,10 +29,10 @@ NAME = "agreed-values"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
-        if not phase.any_work or any(record["reused"] for record in _records(phase)):
+        if not phase.any_work or phase.any_reused:
             continue
         agreement = phase.agreement(0)
-        if agreement is None or agreement["eager"] is None:
+        if agreement is None or agreement.eager is None:
             continue  # no DPSyncState: the version agrees token counts only
         if any(
             phase.agreement(rank) != agreement for rank in range(len(phase.records))
@@ -45,46 +44,39 @@ def judge(evidence: Evidence) -> Verdict | None:
     return None
 
 
-def _records(phase: Phase) -> list[dict[str, Any]]:
-    return [record for record in phase.records if record is not None]
-
-
-def _wrong_value(phase: Phase, agreement: dict[str, Any]) -> str | None:
+def _wrong_value(phase: Phase, agreement: Agreement) -> str | None:
     ranks = range(len(phase.records))
     inputs = [phase.inputs(rank) for rank in ranks]
     descriptors = [phase.descriptor(rank) for rank in ranks]
-    voted = {batch["uniform_token_count"] for batch in inputs}
+    voted = {batch.uniform_token_count for batch in inputs}
     common = voted.pop() if len(voted) == 1 else None
     expected_uniform = common or None
-    if agreement["uniform_token_count"] != expected_uniform:
+    if agreement.uniform_token_count != expected_uniform:
         return (
-            f"agreed uniform length {agreement['uniform_token_count']}, but the ranks "
-            f"passed {[batch['uniform_token_count'] for batch in inputs]}"
+            f"agreed uniform length {agreement.uniform_token_count}, but the ranks "
+            f"passed {[batch.uniform_token_count for batch in inputs]}"
         )
-    if agreement["eager"] and any(
-        d["cg_mode"] != CudagraphMode.NONE for d in descriptors
-    ):
-        graph = next(d for d in descriptors if d["cg_mode"] != CudagraphMode.NONE)
-        return f"agreed eager, but a rank replays a {graph['cg_mode']} graph"
-    if agreement["num_reqs"] is not None:
-        most = max(batch["num_reqs"] for batch in inputs)
+    if agreement.eager and any(d.cg_mode != CudagraphMode.NONE for d in descriptors):
+        graph = next(d for d in descriptors if d.cg_mode != CudagraphMode.NONE)
+        return f"agreed eager, but a rank replays a {graph.cg_mode} graph"
+    if agreement.num_reqs is not None:
+        most = max(batch.num_reqs for batch in inputs)
         padded = {
-            d["num_reqs"]
+            d.num_reqs
             for d in descriptors
-            if d["cg_mode"] == CudagraphMode.FULL and d["num_reqs"]
+            if d.cg_mode == CudagraphMode.FULL and d.num_reqs
         }
         allowed = {most} | (padded if len(padded) == 1 else set())
-        if agreement["num_reqs"] not in allowed or agreement["num_reqs"] < most:
+        if agreement.num_reqs not in allowed or agreement.num_reqs < most:
             return (
-                f"agreed request bound {agreement['num_reqs']}, but the ranks have "
+                f"agreed request bound {agreement.num_reqs}, but the ranks have "
                 f"up to {most} requests"
                 + (f" (FULL graph pads to {padded.pop()})" if len(padded) == 1 else "")
             )
-    if agreement["skip_drafts"] is not None:
-        everyone = all(batch["allow_skip_drafts"] for batch in inputs)
-        if agreement["skip_drafts"] != everyone:
-            votes = [batch["allow_skip_drafts"] for batch in inputs]
-            return f"agreed skip_drafts={agreement['skip_drafts']}, but the ranks voted {votes}"
+    if agreement.skip_drafts is not None:
+        votes = [batch.allow_skip_drafts for batch in inputs]
+        if agreement.skip_drafts != all(votes):
+            return f"agreed skip_drafts={agreement.skip_drafts}, but the ranks voted {votes}"
     return None
 
 

@@ -15,7 +15,10 @@ all-to-all. Guards: a per-rank value used where an agreed one was needed
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import Agreement
 
 from .base import Evidence, Property, Verdict, first_difference
 
@@ -41,20 +44,19 @@ def judge(evidence: Evidence) -> Verdict | None:
         agreed = agreements[0]
         descriptors = [phase.descriptor(rank) for rank in ranks]
         eager = (
-            agreed["eager"]
-            if agreed is not None and agreed["eager"] is not None
+            agreed.eager
+            if agreed is not None and agreed.eager is not None
             else all(
-                descriptor["cg_mode"] == CudagraphMode.NONE
-                for descriptor in descriptors
+                descriptor.cg_mode == CudagraphMode.NONE for descriptor in descriptors
             )
         )
         if eager:
             continue
-        for key, label in (
-            ("num_tokens", "padded token count"),
-            ("num_ubatches", "microbatch count"),
+        for label, chosen in (
+            ("padded token count", [d.num_tokens for d in descriptors]),
+            ("microbatch count", [d.num_ubatches for d in descriptors]),
         ):
-            differs = first_difference([descriptor[key] for descriptor in descriptors])
+            differs = first_difference(chosen)
             if differs is not None:
                 first, other = differs
                 return Verdict(
@@ -62,21 +64,27 @@ def judge(evidence: Evidence) -> Verdict | None:
                     phase.name,
                     differs,
                     f"ranks chose different {label}s: rank {first} "
-                    f"{descriptors[first][key]}, rank {other} {descriptors[other][key]}",
+                    f"{chosen[first]}, rank {other} {chosen[other]}",
                 )
     return None
 
 
-def _first_field_differing(left: dict | None, right: dict | None) -> str:
+def _first_field_differing(left: Agreement | None, right: Agreement | None) -> str:
     if left is None or right is None:
         return "agreement"
-    return next(key for key in left if left[key] != right.get(key))
+    return next(
+        field.name
+        for field in fields(Agreement)
+        if getattr(left, field.name) != getattr(right, field.name)
+    )
 
 
-def _field(agreement: dict | None, field: str) -> object:
+def _field(agreement: Agreement | None, field: str) -> object:
+    """The field as the trace shows it; the whole agreement for "agreement"."""
     if agreement is None:
         return None
-    return agreement.get(field, agreement)
+    shown = agreement.to_json()
+    return shown.get(field, shown)
 
 
 PROPERTY = Property(

@@ -1,9 +1,10 @@
 """How properties judge a run: the evidence they read and the verdicts they give.
 
 A property is a pure function of a case and the simulator's result. It reads
-the ``sync`` events each rank recorded (grouped into :class:`Phase` objects:
-one sync call made by every rank), the oracle's ``expect`` events and the
-simulator's outcome; it simulates nothing itself. Each property lives in its own module, whose docstring says
+the sync records each rank left (:class:`~dpsim.records.sync.SyncRecord`,
+read off the trace once per run and grouped into :class:`Phase` objects: one
+sync call made by every rank), the oracle's choices and the simulator's
+outcome; it simulates nothing itself. Each property lives in its own module, whose docstring says
 what it asserts, why it matters and which upstream bug class it guards.
 """
 
@@ -14,10 +15,16 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from dpsim.scenarios.case import Case
-from dpsim.scenarios.expect import EXPECT_EVENT
-from dpsim.scenarios.ranks import SYNC_EVENT
-from dpsim.sim import DP_CPU_GROUP, DP_DEVICE_GROUP, SimResult
+from dpsim.records.case import Case, RankBatch
+from dpsim.records.sync import (
+    Agreement,
+    Choice,
+    Descriptor,
+    SyncRecord,
+    expect_records,
+    recorded_syncs,
+)
+from dpsim.sim import DP_CPU_GROUP, DP_DEVICE_GROUP, RankTrace, SimResult
 from dpsim.terminal import printable
 
 DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
@@ -61,36 +68,39 @@ class Phase:
     """One sync call as every rank made it (``None`` where a rank never got there)."""
 
     name: str
-    records: tuple[dict[str, Any] | None, ...]
+    records: tuple[SyncRecord | None, ...]
 
     @property
     def complete(self) -> bool:
         """Every rank made this call and it returned."""
-        return all(
-            record is not None and "descriptor" in record for record in self.records
-        )
+        return all(record is not None and not record.raised for record in self.records)
 
-    def inputs(self, rank: int) -> dict[str, Any]:
+    def inputs(self, rank: int) -> RankBatch:
         record = self.records[rank]
         assert record is not None
-        return record["inputs"]
+        return record.inputs
 
-    def descriptor(self, rank: int) -> dict[str, Any]:
+    def descriptor(self, rank: int) -> Descriptor:
+        record = self.records[rank]
+        assert record is not None and record.descriptor is not None
+        return record.descriptor
+
+    def agreement(self, rank: int) -> Agreement | None:
         record = self.records[rank]
         assert record is not None
-        return record["descriptor"]
-
-    def agreement(self, rank: int) -> dict[str, Any] | None:
-        record = self.records[rank]
-        assert record is not None
-        return record["agreement"]
+        return record.agreement
 
     @property
     def any_work(self) -> bool:
         return any(
-            record is not None and record["inputs"]["num_tokens"] > 0
+            record is not None and record.inputs.num_tokens > 0
             for record in self.records
         )
+
+    @property
+    def any_reused(self) -> bool:
+        """Some rank handed this call an earlier agreement to reuse."""
+        return any(record is not None and record.reused for record in self.records)
 
 
 @dataclass(frozen=True)
@@ -101,45 +111,45 @@ class Evidence:
     result: SimResult
 
     @cached_property
+    def syncs(self) -> tuple[tuple[tuple[int, SyncRecord], ...], ...]:
+        """Per rank, each sync it recorded, read off its trace once, with how
+        many collectives it had entered before the record."""
+        return tuple(tuple(recorded_syncs(trace.events)) for trace in self.result.ranks)
+
+    @cached_property
     def phases(self) -> tuple[Phase, ...]:
         ranks = len(self.result.ranks)
-        by_name: dict[str, list[dict[str, Any] | None]] = {}
-        for trace in self.result.ranks:
-            for event in trace.events:
-                if event.kind != SYNC_EVENT:
-                    continue
-                slots = by_name.setdefault(event.payload["phase"], [None] * ranks)
-                slots[trace.rank] = event.payload
+        by_name: dict[str, list[SyncRecord | None]] = {}
+        for trace, syncs in zip(self.result.ranks, self.syncs, strict=True):
+            for _, record in syncs:
+                slots = by_name.setdefault(record.phase, [None] * ranks)
+                slots[trace.rank] = record
         return tuple(Phase(name, tuple(records)) for name, records in by_name.items())
 
     @cached_property
-    def expected(self) -> dict[str, list[dict[str, Any]]]:
+    def expected(self) -> dict[str, tuple[Choice, ...]]:
         """Per phase, what a correct sync would choose on each rank (the
         scenario's oracle, :mod:`dpsim.scenarios.expect`), where recorded."""
         return {
-            event.payload["phase"]: event.payload["choices"]
+            record.phase: record.choices
             for trace in self.result.ranks
-            for event in trace.events
-            if event.kind == EXPECT_EVENT
+            for record in expect_records(trace.events)
         }
 
     @property
     def complete_phases(self) -> tuple[Phase, ...]:
         return tuple(phase for phase in self.phases if phase.complete)
 
-
-def syncs_and_their_collectives(
-    trace: Any,
-) -> Iterator[tuple[dict[str, Any], tuple[Any, ...]]]:
-    """Each sync one rank recorded, with the collectives it entered since the
-    previous sync (that sync's forward included): the ones on a DP group are
-    the sync's own."""
-    entered_before = 0
-    for event in trace.events:
-        if event.kind != SYNC_EVENT:
-            continue
-        yield event.payload, trace.collectives[entered_before : event.after_collectives]
-        entered_before = event.after_collectives
+    def syncs_and_their_collectives(
+        self, trace: RankTrace
+    ) -> Iterator[tuple[SyncRecord, tuple[Any, ...]]]:
+        """Each sync one rank recorded, with the collectives it entered since
+        the previous sync (that sync's forward included): the ones on a DP
+        group are the sync's own."""
+        entered_before = 0
+        for after_collectives, record in self.syncs[trace.rank]:
+            yield record, trace.collectives[entered_before:after_collectives]
+            entered_before = after_collectives
 
 
 def on_dp_group(collectives: tuple[Any, ...]) -> bool:

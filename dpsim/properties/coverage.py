@@ -18,9 +18,9 @@ wrong rank.
 
 from __future__ import annotations
 
-from typing import Any
-
+from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import Descriptor
 
 from .base import Evidence, Property, Verdict
 
@@ -28,7 +28,7 @@ NAME = "coverage"
 
 
 def shortfall(
-    batch: dict[str, Any], descriptor: dict[str, Any], agreed_count: int | None = None
+    batch: SyncInputs, descriptor: Descriptor, agreed_count: int | None = None
 ) -> str | None:
     """Why ``descriptor`` cannot serve ``batch``, or None when it can.
 
@@ -36,42 +36,39 @@ def shortfall(
     the table had no graph for the agreed batch, so the ranks run eager at the
     agreed, padded size (DPSyncState pads unless ``eager``).
     """
-    if descriptor["num_tokens"] < batch["num_tokens"]:
-        return f"{descriptor['num_tokens']} tokens < the batch's {batch['num_tokens']}"
-    if (
-        descriptor["num_reqs"] is not None
-        and descriptor["num_reqs"] < batch["num_reqs"]
-    ):
-        return f"{descriptor['num_reqs']} requests < the batch's {batch['num_reqs']}"
-    if descriptor["cg_mode"] == CudagraphMode.NONE:
+    if descriptor.num_tokens < batch.num_tokens:
+        return f"{descriptor.num_tokens} tokens < the batch's {batch.num_tokens}"
+    if descriptor.num_reqs is not None and descriptor.num_reqs < batch.num_reqs:
+        return f"{descriptor.num_reqs} requests < the batch's {batch.num_reqs}"
+    if descriptor.cg_mode == CudagraphMode.NONE:
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
         # padded"), except tokens, to split microbatches evenly.
-        split = descriptor["num_ubatches"] > 1
-        tokens = {batch["num_tokens"], agreed_count}
-        if descriptor["num_reqs"] != batch["num_reqs"] or (
-            not split and descriptor["num_tokens"] not in tokens
+        split = descriptor.num_ubatches > 1
+        tokens = {batch.num_tokens, agreed_count}
+        if descriptor.num_reqs != batch.num_reqs or (
+            not split and descriptor.num_tokens not in tokens
         ):
             return (
-                f"an eager descriptor for {descriptor['num_reqs']} requests and "
-                f"{descriptor['num_tokens']} tokens, not the batch's own "
-                f"{batch['num_reqs']} and {batch['num_tokens']}"
+                f"an eager descriptor for {descriptor.num_reqs} requests and "
+                f"{descriptor.num_tokens} tokens, not the batch's own "
+                f"{batch.num_reqs} and {batch.num_tokens}"
             )
         return None
-    uniform = descriptor["uniform_token_count"]
-    if uniform is not None and uniform != batch["uniform_token_count"]:
+    uniform = descriptor.uniform_token_count
+    if uniform is not None and uniform != batch.uniform_token_count:
         return (
             f"a uniform-decode graph of length {uniform} for a batch whose "
-            f"uniform length is {batch['uniform_token_count']}"
+            f"uniform length is {batch.uniform_token_count}"
         )
-    bound = descriptor["max_query_len"]
+    bound = descriptor.max_query_len
     if bound is not None and (
-        batch["max_query_len"] is None or batch["max_query_len"] > bound
+        batch.max_query_len is None or batch.max_query_len > bound
     ):
-        return f"query length bound {bound} < the batch's {batch['max_query_len']}"
-    if descriptor["num_active_loras"] < batch["num_active_loras"]:
+        return f"query length bound {bound} < the batch's {batch.max_query_len}"
+    if descriptor.num_active_loras < batch.num_active_loras:
         return (
-            f"a graph for {descriptor['num_active_loras']} LoRAs with "
-            f"{batch['num_active_loras']} active"
+            f"a graph for {descriptor.num_active_loras} LoRAs with "
+            f"{batch.num_active_loras} active"
         )
     return None
 
@@ -81,8 +78,8 @@ def judge(evidence: Evidence) -> Verdict | None:
         for rank in range(len(phase.records)):
             agreement = phase.agreement(rank)
             agreed_count = (
-                agreement["num_tokens_across_dp"][rank]
-                if agreement is not None and agreement.get("eager") is False
+                agreement.num_tokens_across_dp[rank]
+                if agreement is not None and agreement.eager is False
                 else None
             )
             reason = shortfall(phase.inputs(rank), phase.descriptor(rank), agreed_count)
@@ -92,7 +89,7 @@ def judge(evidence: Evidence) -> Verdict | None:
                     NAME,
                     phase.name,
                     (rank,),
-                    f"rank {rank} runs {descriptor['cg_mode']} {descriptor['num_tokens']}: {reason}",
+                    f"rank {rank} runs {descriptor.cg_mode} {descriptor.num_tokens}: {reason}",
                 )
     return None
 

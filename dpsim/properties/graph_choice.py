@@ -28,26 +28,29 @@ serve the batches they should.
 from __future__ import annotations
 
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import Choice
 
 from .base import Evidence, Property, Verdict
 
 NAME = "graph-choice"
 #: Less is cheaper to get wrong: a rank may not fall to a lower mode.
-_RANK: dict[str, int] = {CudagraphMode.NONE: 0, CudagraphMode.PIECEWISE: 1, CudagraphMode.FULL: 2}
+_RANK: dict[str, int] = {
+    CudagraphMode.NONE: 0,
+    CudagraphMode.PIECEWISE: 1,
+    CudagraphMode.FULL: 2,
+}
 
 
 def judge(evidence: Evidence) -> Verdict | None:
     expected = evidence.expected
     for phase in evidence.complete_phases:
         choices = expected.get(phase.name)
-        if choices is None or any(
-            record is not None and record["reused"] for record in phase.records
-        ):
+        if choices is None or phase.any_reused:
             continue
         for rank, choice in enumerate(choices):
             ran = phase.descriptor(rank)
-            got = (ran["cg_mode"], ran["num_tokens"], ran["num_ubatches"] or 1)
-            wanted = (choice["cg_mode"], choice["num_tokens"], choice["num_ubatches"])
+            got = (ran.cg_mode, ran.num_tokens, ran.num_ubatches or 1)
+            wanted = (choice.cg_mode, choice.num_tokens, choice.num_ubatches)
             if wanted[0] == CudagraphMode.NONE or got[2] != wanted[2]:
                 continue  # the safety properties' to judge
             downgraded = _RANK[got[0]] < _RANK[wanted[0]]
@@ -67,10 +70,10 @@ def _shape(mode: str, tokens: int, parts: int) -> str:
     return f"{mode} x {tokens} tokens{split}"
 
 
-def _agreed(choice: dict[str, object]) -> str:
+def _agreed(choice: Choice) -> str:
     return (
-        f"largest {choice['largest']} tokens, uniform {choice['uniform']}, "
-        f"query bound {choice['bound']}"
+        f"largest {choice.largest} tokens, uniform {choice.uniform}, "
+        f"query bound {choice.bound}"
     )
 
 

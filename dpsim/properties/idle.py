@@ -28,15 +28,15 @@ def judge(evidence: Evidence) -> Verdict | None:
             for rank in ranks:
                 descriptor = phase.descriptor(rank)
                 if (
-                    descriptor["cg_mode"] != CudagraphMode.NONE
-                    or descriptor["num_tokens"] != 0
+                    descriptor.cg_mode != CudagraphMode.NONE
+                    or descriptor.num_tokens != 0
                 ):
                     return Verdict(
                         NAME,
                         phase.name,
                         (rank,),
                         f"no rank has work, yet rank {rank} runs "
-                        f"{descriptor['cg_mode']} with {descriptor['num_tokens']} tokens",
+                        f"{descriptor.cg_mode} with {descriptor.num_tokens} tokens",
                     )
                 if phase.agreement(rank) is not None:
                     return Verdict(

@@ -20,9 +20,9 @@ NAME = "no-error"
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.phases:
         failed = [
-            (rank, record["error"])
+            (rank, record.error)
             for rank, record in enumerate(phase.records)
-            if record is not None and "error" in record
+            if record is not None and record.error is not None
         ]
         if failed:
             ranks = tuple(rank for rank, _ in failed)

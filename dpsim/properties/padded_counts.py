@@ -21,12 +21,12 @@ NAME = "padded-counts"
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         ranks = range(len(phase.records))
-        runs = [phase.descriptor(rank)["num_tokens"] for rank in ranks]
+        runs = [phase.descriptor(rank).num_tokens for rank in ranks]
         for rank in ranks:
             agreement = phase.agreement(rank)
             if agreement is None:
                 continue
-            agreed = agreement["num_tokens_across_dp"]
+            agreed = agreement.num_tokens_across_dp
             if len(agreed) != len(runs):
                 return Verdict(
                     NAME,

@@ -15,53 +15,54 @@ disagreeing (27691, 30119).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import fields
 
-from .base import (
-    Evidence,
-    Property,
-    Verdict,
-    on_dp_group,
-    syncs_and_their_collectives,
-)
+from dpsim.records.sync import Agreement
+
+from .base import Evidence, Property, Verdict, on_dp_group
 
 NAME = "reuse"
 
 
 def judge(evidence: Evidence) -> Verdict | None:
     for trace in evidence.result.ranks:
-        given: dict[str, Any] | None = None
-        for payload, issued in syncs_and_their_collectives(trace):
-            if payload["reused"] and "descriptor" in payload and given is not None:
+        given: Agreement | None = None
+        for record, issued in evidence.syncs_and_their_collectives(trace):
+            if record.reused and not record.raised and given is not None:
                 if on_dp_group(issued):
                     return Verdict(
                         NAME,
-                        payload["phase"],
+                        record.phase,
                         (trace.rank,),
                         f"rank {trace.rank} reused an agreement but synced again",
                     )
-                reason = _changed(given, payload["agreement"])
+                reason = _changed(given, record.agreement)
                 if reason is not None:
-                    return Verdict(NAME, payload["phase"], (trace.rank,), reason)
-            elif not payload["reused"] and not payload.get("solo"):
-                given = payload.get("agreement")
+                    return Verdict(NAME, record.phase, (trace.rank,), reason)
+            elif not record.reused and not record.solo:
+                given = record.agreement
     return None
 
 
-def _changed(given: dict[str, Any], returned: dict[str, Any] | None) -> str | None:
+def _changed(given: Agreement, returned: Agreement | None) -> str | None:
     if returned is None:
         return "the reused agreement came back as none"
-    for key, value in given.items():
+    for field in fields(Agreement):
+        key = field.name
         if key == "num_tokens_across_dp":
             continue
-        if returned[key] != value:
-            return f"reuse changed the agreed {key} from {value} to {returned[key]}"
-    before, after = given["num_tokens_across_dp"], returned["num_tokens_across_dp"]
+        value, now = getattr(given, key), getattr(returned, key)
+        if now != value:
+            return f"reuse changed the agreed {key} from {value} to {now}"
+    before, after = given.num_tokens_across_dp, returned.num_tokens_across_dp
     if after != before and (
         len(set(after)) != 1
         or any(new < old for new, old in zip(after, before, strict=True))
     ):
-        return f"reuse changed the agreed counts from {before} to {after}, not only padding them"
+        return (
+            f"reuse changed the agreed counts from {list(before)} to {list(after)}, "
+            "not only padding them"
+        )
     return None
 
 

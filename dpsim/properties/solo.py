@@ -18,29 +18,23 @@ collective it removes (43547's hang when some ranks skip it).
 
 from __future__ import annotations
 
-from typing import Any
+from dpsim.records.sync import Agreement, Descriptor, SyncRecord
 
-from .base import (
-    Evidence,
-    Property,
-    Verdict,
-    on_dp_group,
-    syncs_and_their_collectives,
-)
+from .base import Evidence, Property, Verdict, on_dp_group
 
 NAME = "solo"
 
 
 def judge(evidence: Evidence) -> Verdict | None:
     for trace in evidence.result.ranks:
-        together: dict[str, dict[str, Any]] = {}
-        for payload, issued in syncs_and_their_collectives(trace):
-            name = payload["phase"]
-            if not payload.get("solo"):
-                together[name] = payload
+        together: dict[str, SyncRecord] = {}
+        for record, issued in evidence.syncs_and_their_collectives(trace):
+            name = record.phase
+            if not record.solo:
+                together[name] = record
                 continue
-            if "descriptor" not in payload:
-                continue  # it raised: no-error's to report
+            if record.raised:
+                continue  # no-error's to report
             rank = (trace.rank,)
             if on_dp_group(issued):
                 return Verdict(
@@ -51,25 +45,29 @@ def judge(evidence: Evidence) -> Verdict | None:
                 )
             # "solo 3" repeats "step 3" (or "profile 3", "ubatch 3").
             peer = together.get(name.replace("solo", evidence.case.scenario))
-            if peer is None or "descriptor" not in peer:
+            if peer is None or peer.raised:
                 continue
-            for key in ("descriptor", "agreement"):
-                if payload[key] != peer[key]:
+            for key, alone, agreed in (
+                ("descriptor", record.descriptor, peer.descriptor),
+                ("agreement", record.agreement, peer.agreement),
+            ):
+                if alone != agreed:
                     return Verdict(
                         NAME,
                         name,
                         rank,
-                        f"rank {trace.rank} alone got {key} {_short(payload[key])}, "
+                        f"rank {trace.rank} alone got {key} {_short(alone)}, "
                         f"but with every rank's identical batch the ranks agreed "
-                        f"{_short(peer[key])}",
+                        f"{_short(agreed)}",
                     )
     return None
 
 
-def _short(value: Any) -> str:
-    if not isinstance(value, dict):
+def _short(value: Descriptor | Agreement | None) -> str:
+    if value is None:
         return str(value)
-    return "{" + ", ".join(f"{k}={v}" for k, v in value.items() if v is not None) + "}"
+    shown = value.to_json()
+    return "{" + ", ".join(f"{k}={v}" for k, v in shown.items() if v is not None) + "}"
 
 
 PROPERTY = Property(

@@ -18,9 +18,7 @@ votes or counts (51700's threshold on the smallest rank, 57020's boundary).
 
 from __future__ import annotations
 
-from typing import Any
-
-from dpsim.scenarios.case import RankBatch
+from dpsim.records.case import RankBatch
 from dpsim.scenarios.expect import expected_split
 
 from .base import Evidence, Property, Verdict
@@ -33,15 +31,13 @@ def judge(evidence: Evidence) -> Verdict | None:
     if settings is None:
         return None
     for phase in evidence.complete_phases:
-        if not phase.any_work or any(
-            record is not None and record["reused"] for record in phase.records
-        ):
+        if not phase.any_work or phase.any_reused:
             continue
         ranks = range(len(phase.records))
         inputs = [phase.inputs(rank) for rank in ranks]
-        expected = expected_split([RankBatch.from_dict(b) for b in inputs], settings)
+        expected = expected_split(inputs, settings)
         for rank in ranks:
-            parts = phase.descriptor(rank)["num_ubatches"] or 1
+            parts = phase.descriptor(rank).num_ubatches or 1
             if parts != expected:
                 return Verdict(
                     NAME,
@@ -55,13 +51,13 @@ def judge(evidence: Evidence) -> Verdict | None:
     return None
 
 
-def _votes(inputs: list[dict[str, Any]]) -> str:
+def _votes(inputs: list[RankBatch]) -> str:
     return (
         "["
         + ", ".join(
-            f"{batch['num_tokens']} tokens"
-            + (" decode" if batch["uniform_decode"] else "")
-            + ("" if batch["allow_ubatching"] else " no-split")
+            f"{batch.num_tokens} tokens"
+            + (" decode" if batch.uniform_decode else "")
+            + ("" if batch.allow_ubatching else " no-split")
             for batch in inputs
         )
         + "]"

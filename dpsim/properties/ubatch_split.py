@@ -24,18 +24,18 @@ def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         for rank in range(len(phase.records)):
             descriptor = phase.descriptor(rank)
-            parts = descriptor["num_ubatches"]
-            if parts <= 1 or descriptor["cg_mode"] == CudagraphMode.NONE:
+            parts = descriptor.num_ubatches
+            if parts <= 1 or descriptor.cg_mode == CudagraphMode.NONE:
                 continue
-            filled_before_last = (parts - 1) * (descriptor["num_tokens"] // parts)
-            tokens = phase.inputs(rank)["num_tokens"]
+            filled_before_last = (parts - 1) * (descriptor.num_tokens // parts)
+            tokens = phase.inputs(rank).num_tokens
             if tokens <= filled_before_last:
                 return Verdict(
                     NAME,
                     phase.name,
                     (rank,),
-                    f"rank {rank} replays a {descriptor['cg_mode']} graph of "
-                    f"{descriptor['num_tokens']} tokens in {parts} microbatches with "
+                    f"rank {rank} replays a {descriptor.cg_mode} graph of "
+                    f"{descriptor.num_tokens} tokens in {parts} microbatches with "
                     f"{tokens} real tokens: its last microbatch is empty",
                 )
     return None

@@ -4,7 +4,7 @@ Data flows one way: a :class:`Case` goes into :func:`run_case`, which returns
 the simulator's per-rank trace; :mod:`dpsim.properties` judges it.
 """
 
-from dpsim.scenarios.case import PROFILES, Case, RankBatch
+from dpsim.records.case import PROFILES, Case, RankBatch
 from dpsim.scenarios.programs import SCENARIOS
 from dpsim.scenarios.run import PolicyRefused, run_case
 

@@ -12,20 +12,20 @@ agreed batch with its own request and LoRA counts.
 
 The oracle asks the version's own manager (``dispatch``) for those choices, so
 no table logic is rewritten here; it runs once per step, in rank 0's program,
-and is recorded as an ``expect`` event for the ``graph-choice`` property.
+and is recorded as an ``expect`` event (an
+:class:`~dpsim.records.sync.ExpectRecord`) for the ``graph-choice`` property.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode, Microbatching
+from dpsim.records.sync import Choice
 from dpsim.targets.adapters import describe, dispatch
-
-from .case import RankBatch
-
-EXPECT_EVENT = "expect"
 
 
 def expected_split(batches: Sequence[RankBatch], settings: Microbatching | None) -> int:
@@ -48,9 +48,18 @@ def expected_split(batches: Sequence[RankBatch], settings: Microbatching | None)
     return settings.num_ubatches if smallest >= threshold else 1
 
 
+@dataclass(frozen=True)
+class _Agreed:
+    """The batch the ranks agree on; see :class:`~dpsim.records.sync.Choice`."""
+
+    largest: int
+    uniform: int | None
+    bound: int | None
+
+
 def table_choices(
     manager: Any, step: Sequence[RankBatch], settings: Microbatching | None
-) -> list[dict[str, Any]] | None:
+) -> tuple[Choice, ...] | None:
     """Each rank's expected (cg_mode, num_tokens, num_ubatches), with what the
     ranks agreed; None where there is nothing to judge (no manager: a profile
     run; no work anywhere: the ``idle`` property's domain)."""
@@ -64,19 +73,19 @@ def table_choices(
     bound = None if None in bounds else max(b for b in bounds if b is not None)
     parts = expected_split(step, settings)
     anyone_eager = any(batch.need_eager for batch in step)
-    agreed = {"largest": largest, "uniform": uniform, "bound": bound}
+    agreed = _Agreed(largest, uniform, bound)
     if parts > 1:
-        return [
+        return tuple(
             _split_choice(manager, batch, agreed, smallest, parts, anyone_eager)
             for batch in step
-        ]
+        )
     if anyone_eager or any(
         _alone(manager, batch) == CudagraphMode.NONE for batch in step
     ):
-        return [
+        return tuple(
             _choice(CudagraphMode.NONE, batch.num_tokens, 1, agreed) for batch in step
-        ]
-    return [
+        )
+    return tuple(
         _described(
             dispatch(
                 manager,
@@ -89,10 +98,10 @@ def table_choices(
             agreed,
         )
         for batch in step
-    ]
+    )
 
 
-def _alone(manager: Any, batch: RankBatch) -> str:
+def _alone(manager: Any, batch: RankBatch) -> CudagraphMode:
     """The mode this rank's own batch gets from the table: its vote."""
     return describe(
         dispatch(
@@ -109,22 +118,22 @@ def _alone(manager: Any, batch: RankBatch) -> str:
 def _split_choice(
     manager: Any,
     batch: RankBatch,
-    agreed: dict[str, Any],
+    agreed: _Agreed,
     smallest: int,
     parts: int,
     anyone_eager: bool,
-) -> dict[str, Any]:
+) -> Choice:
     # Every rank pads to the largest; a microbatched graph only if one serves
     # and every rank has tokens in its last microbatch (ubatch-split).
-    eager = _choice(CudagraphMode.NONE, agreed["largest"], parts, agreed)
+    eager = _choice(CudagraphMode.NONE, agreed.largest, parts, agreed)
     if anyone_eager:
         return eager
     graph = describe(
         dispatch(
             manager,
             batch.num_reqs,
-            agreed["largest"],
-            agreed["uniform"],
+            agreed.largest,
+            agreed.uniform,
             num_active_loras=batch.num_active_loras,
             num_ubatches=parts,
         )
@@ -136,12 +145,10 @@ def _split_choice(
     return _choice(graph.cg_mode, graph.num_tokens, parts, agreed)
 
 
-def _described(native: Any, agreed: dict[str, Any]) -> dict[str, Any]:
+def _described(native: Any, agreed: _Agreed) -> Choice:
     choice = describe(native)
     return _choice(choice.cg_mode, choice.num_tokens, choice.num_ubatches, agreed)
 
 
-def _choice(
-    mode: str, tokens: int, parts: int, agreed: dict[str, Any]
-) -> dict[str, Any]:
-    return {"cg_mode": mode, "num_tokens": tokens, "num_ubatches": parts, **agreed}
+def _choice(mode: CudagraphMode, tokens: int, parts: int, agreed: _Agreed) -> Choice:
+    return Choice(mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound)

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from dpsim.capture import strategies as policy_strategies
 from dpsim.errors import UsageError
+from dpsim.records.case import PROFILES, Case, RankBatch
 from dpsim.records.policy import (
     Capabilities,
     CapturePolicy,
@@ -42,7 +43,6 @@ from dpsim.records.policy import (
 from dpsim.targets.buildable import BuildRules, rules_of
 from dpsim.targets.load import Target
 
-from .case import PROFILES, Case, RankBatch
 from .programs import SCENARIOS
 
 DEFAULT_RANKS = (2, 16)

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .case import Case, RankBatch
+from dpsim.records.case import Case, RankBatch
+
 from .ranks import RankSetting, expect, forward, no_rank_has_work, sync
 
 RankProgram = Callable[[RankSetting, Case, int], Any]

@@ -1,8 +1,8 @@
 """What one virtual rank does in a scenario: syncs, then the forward pass.
 
-Every sync a rank makes is recorded as a ``sync`` event (phase, inputs,
-descriptor, agreement) so properties can judge it afterwards; nothing here
-judges. After each sync the rank issues the collectives its forward pass would
+Every sync a rank makes is recorded as a ``sync`` event (a
+:class:`~dpsim.records.sync.SyncRecord`) so properties can judge it
+afterwards; nothing here judges. After each sync the rank issues the collectives its forward pass would
 issue with the chosen shape (:func:`forward`), so ranks that chose differently
 diverge in the simulator the way they would on GPUs: a mismatch or a hang.
 """
@@ -15,16 +15,22 @@ from typing import Any, Protocol, cast
 
 import torch
 
+from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import (
+    EXPECT_EVENT,
+    SYNC_EVENT,
+    Descriptor,
+    ExpectRecord,
+    SyncRecord,
+)
 from dpsim.sim import EP_GROUP
 from dpsim.targets import runtime
-from dpsim.targets.adapters import Agreement, Descriptor, agreement_of, describe
+from dpsim.targets.adapters import agreement_of, describe
 from dpsim.targets.load import Target
 
-from .case import RankBatch
-from .expect import EXPECT_EVENT, table_choices
+from .expect import table_choices
 
-SYNC_EVENT = "sync"
 _FORWARD_DTYPE = torch.int8
 
 
@@ -54,7 +60,7 @@ def program_world() -> ProgramWorld:
     return cast(ProgramWorld, world)
 
 
-def record(kind: str, **payload: Any) -> None:
+def record(kind: str, payload: dict[str, Any]) -> None:
     """Add an event to the running rank's trace, in whichever world it runs."""
     program_world().record(kind, payload)
 
@@ -90,12 +96,6 @@ def sync(
     ``solo`` makes the call inside vLLM's ``skip_dp_coordination()``: the rank
     answers alone, as if every rank had its batch (non-MoE DP, vLLM 24828).
     """
-    payload: dict[str, Any] = {
-        "phase": phase,
-        "inputs": batch.to_dict(),
-        "reused": reuse is not None,
-        "solo": solo,
-    }
     # Only a solo call needs the world here; record() finds it itself.
     world = program_world() if solo else None
     if world is not None:
@@ -110,16 +110,28 @@ def sync(
             reuse=reuse,
         )
     except Exception as error:
-        payload["error"] = f"{type(error).__name__}: {error}"
-        record(SYNC_EVENT, **payload)
+        raised = SyncRecord(
+            phase,
+            batch,
+            reused=reuse is not None,
+            solo=solo,
+            error=f"{type(error).__name__}: {error}",
+        )
+        record(SYNC_EVENT, raised.to_json())
         raise
     finally:
         if world is not None:
             world.set_skip_dp_coordination(False)
     descriptor = describe(native_descriptor)
-    payload["descriptor"] = descriptor_dict(descriptor)
-    payload["agreement"] = agreement_dict(agreement_of(native_agreement))
-    record(SYNC_EVENT, **payload)
+    returned = SyncRecord(
+        phase,
+        batch,
+        reused=reuse is not None,
+        solo=solo,
+        descriptor=descriptor,
+        agreement=agreement_of(native_agreement),
+    )
+    record(SYNC_EVENT, returned.to_json())
     return descriptor, native_agreement
 
 
@@ -137,15 +149,10 @@ def expect(
 
     def record_for(phase: str) -> None:
         if choices is not None:
-            record(EXPECT_EVENT, phase=phase, choices=choices)
+            record(EXPECT_EVENT, ExpectRecord(phase, choices).to_json())
 
     record_for(phase)
     return record_for
-
-
-def sync_records(trace: Any) -> list[dict[str, Any]]:
-    """The syncs one rank's trace recorded, in order, without other events."""
-    return [event.payload for event in trace.events if event.kind == SYNC_EVENT]
 
 
 def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:
@@ -183,27 +190,3 @@ def forward(descriptor: Descriptor, agreement: Any) -> None:
     activations = torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
     for _ in range(microbatches):
         dist.all_reduce(activations, group=group)
-
-
-def descriptor_dict(descriptor: Descriptor) -> dict[str, Any]:
-    return {
-        "cg_mode": descriptor.cg_mode,
-        "num_tokens": descriptor.num_tokens,
-        "num_reqs": descriptor.num_reqs,
-        "uniform_token_count": descriptor.uniform_token_count,
-        "max_query_len": descriptor.max_query_len,
-        "num_active_loras": descriptor.num_active_loras,
-        "num_ubatches": descriptor.num_ubatches,
-    }
-
-
-def agreement_dict(agreement: Agreement | None) -> dict[str, Any] | None:
-    if agreement is None:
-        return None
-    return {
-        "num_tokens_across_dp": list(agreement.num_tokens_across_dp),
-        "uniform_token_count": agreement.uniform_token_count,
-        "eager": agreement.eager,
-        "num_reqs": agreement.num_reqs,
-        "skip_drafts": agreement.skip_drafts,
-    }

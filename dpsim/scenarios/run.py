@@ -11,12 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim import allowances
+from dpsim.records.case import Case
 from dpsim.records.policy import CapturePolicy, CudagraphMode, ManagerConfig
 from dpsim.sim import SimResult, simulate
 from dpsim.sim.choosers import Chooser
 from dpsim.targets.load import Target
 
-from .case import Case
 from .programs import PROGRAMS
 from .ranks import RankSetting
 

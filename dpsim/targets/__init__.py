@@ -7,16 +7,13 @@ See :mod:`dpsim.targets.shim` for how, and :mod:`dpsim.targets.adapters` for
 the uniform call interface over every version's API.
 """
 
-from dpsim.targets.adapters import Agreement, Descriptor, SyncAPI, SyncInputs
+from dpsim.targets.adapters import SyncAPI
 from dpsim.targets.load import Target, load_spec, load_target
 from dpsim.targets.spec import DEFAULT_RELEASE, TargetSpec, parse_target
 
 __all__ = [
     "DEFAULT_RELEASE",
-    "Agreement",
-    "Descriptor",
     "SyncAPI",
-    "SyncInputs",
     "Target",
     "TargetSpec",
     "load_spec",

@@ -6,7 +6,7 @@ adapter reads the loaded module: which entry point exists, which parameters it
 takes, what its agreement object holds, and which collective its source
 issues. Callers then pass :class:`SyncInputs` and get back the version's own
 descriptor and agreement, which :func:`describe` and :func:`agreement_of`
-turn into plain, comparable values.
+turn into the plain, comparable values of :mod:`dpsim.records.sync`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from types import ModuleType
 from typing import Any
 
 from dpsim.errors import TargetError
+from dpsim.records.case import SyncInputs
+from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import Agreement, Descriptor
 from dpsim.targets.shim import function
 from dpsim.targets.spec import OLDEST_RELEASE
 
@@ -38,48 +41,6 @@ _OPTIONAL_INPUTS = {
     "uniform_decode": "uniform_decode",
     "allow_skip_drafts": "allow_skip_drafts",
 }
-
-
-@dataclass(frozen=True)
-class SyncInputs:
-    """What one rank passes to one sync call."""
-
-    num_reqs: int
-    num_tokens: int
-    uniform_token_count: int | None = None
-    max_query_len: int | None = None
-    need_eager: bool = False
-    num_active_loras: int = 0
-    allow_ubatching: bool = False
-    uniform_decode: bool = False
-    allow_skip_drafts: bool = False
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    """A ``BatchExecutionDescriptor`` as plain values (fields a version lacks: default)."""
-
-    cg_mode: str
-    num_tokens: int
-    num_reqs: int | None
-    uniform_token_count: int | None = None
-    max_query_len: int | None = None
-    num_active_loras: int = 0
-    num_ubatches: int = 1
-
-
-@dataclass(frozen=True)
-class Agreement:
-    """What a sync call agreed, whether the version returns a ``DPSyncState`` or a tensor.
-
-    Fields the version does not report are None.
-    """
-
-    num_tokens_across_dp: tuple[int, ...]
-    uniform_token_count: int | None = None
-    eager: bool | None = None
-    num_reqs: int | None = None
-    skip_drafts: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -320,7 +281,7 @@ def dispatch(
 def describe(native: Any) -> Descriptor:
     """A version's ``BatchExecutionDescriptor`` as plain values."""
     return Descriptor(
-        cg_mode=native.cg_mode.name,
+        cg_mode=CudagraphMode(native.cg_mode.name),
         num_tokens=int(native.num_tokens),
         num_reqs=None if native.num_reqs is None else int(native.num_reqs),
         uniform_token_count=_optional_int(getattr(native, "uniform_token_count", None)),

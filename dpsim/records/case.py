@@ -3,7 +3,9 @@
 A case names its scenario and generator profile, the capture policy, and what
 every rank passes to every sync it makes. It holds no target: the same case
 runs against any version (that is how a fix is verified), and counterexample
-files carry the target separately.
+files carry the target separately. What one rank passes to one sync
+(:class:`SyncInputs`) lives here too: a case is made of them, and the
+adapters hand them to every version's sync.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from typing import Any
 
 from dpsim.errors import UsageError
 from dpsim.records.policy import CapturePolicy
-from dpsim.targets.adapters import SyncInputs
 
 #: Generator profiles: what real callers pass, or all the contract allows.
 PROFILES = ("caller", "contract")
@@ -38,6 +39,21 @@ BATCH_KINDS = (
 
 
 @dataclass(frozen=True)
+class SyncInputs:
+    """What one rank passes to one sync call."""
+
+    num_reqs: int
+    num_tokens: int
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    need_eager: bool = False
+    num_active_loras: int = 0
+    allow_ubatching: bool = False
+    uniform_decode: bool = False
+    allow_skip_drafts: bool = False
+
+
+@dataclass(frozen=True)
 class RankBatch(SyncInputs):
     """What one rank passes to one sync (its :class:`SyncInputs`), and why.
 
@@ -46,10 +62,6 @@ class RankBatch(SyncInputs):
     """
 
     kind: str = "batch"
-
-    @property
-    def has_work(self) -> bool:
-        return self.num_tokens > 0
 
     def to_dict(self) -> dict[str, Any]:
         return {field.name: getattr(self, field.name) for field in _BATCH_FIELDS}

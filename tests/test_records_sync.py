@@ -1,0 +1,137 @@
+"""dpsim.records.sync: sync and oracle records keep the trace's JSON form, and
+refuse what is not one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dpsim.records.case import RankBatch
+from dpsim.records.policy import CudagraphMode
+from dpsim.records.sync import (
+    EXPECT_EVENT,
+    SYNC_EVENT,
+    Agreement,
+    Choice,
+    Descriptor,
+    ExpectRecord,
+    SyncRecord,
+    expect_records,
+    recorded_syncs,
+    sync_records,
+)
+
+BATCH = RankBatch(num_reqs=3, num_tokens=3, uniform_token_count=1, kind="decode")
+DESCRIPTOR = Descriptor(CudagraphMode.FULL, 4, 4, uniform_token_count=1)
+AGREEMENT = Agreement((4, 4), uniform_token_count=1, eager=False)
+RETURNED = SyncRecord("step 0", BATCH, False, False, DESCRIPTOR, AGREEMENT)
+RAISED = SyncRecord("step 0", BATCH, True, False, error="AssertionError: padding")
+
+
+def test_a_returned_sync_is_written_key_for_key_as_the_trace_always_held_it() -> None:
+    # Key for key and in the order the scenarios wrote sync events before the
+    # records were typed (the replay lane's logs keep it).
+    assert json.dumps(RETURNED.to_json()) == (
+        '{"phase": "step 0", "inputs": {"num_reqs": 3, "num_tokens": 3, '
+        '"uniform_token_count": 1, "max_query_len": null, "need_eager": false, '
+        '"num_active_loras": 0, "allow_ubatching": false, "uniform_decode": false, '
+        '"allow_skip_drafts": false, "kind": "decode"}, "reused": false, '
+        '"solo": false, "descriptor": {"cg_mode": "FULL", "num_tokens": 4, '
+        '"num_reqs": 4, "uniform_token_count": 1, "max_query_len": null, '
+        '"num_active_loras": 0, "num_ubatches": 1}, "agreement": '
+        '{"num_tokens_across_dp": [4, 4], "uniform_token_count": 1, '
+        '"eager": false, "num_reqs": null, "skip_drafts": null}}'
+    )
+
+
+def test_a_raised_sync_has_an_error_and_no_descriptor_or_agreement_keys() -> None:
+    assert RAISED.raised and not RETURNED.raised
+    assert RAISED.to_json() == {
+        "phase": "step 0",
+        "inputs": BATCH.to_dict(),
+        "reused": True,
+        "solo": False,
+        "error": "AssertionError: padding",
+    }
+
+
+@pytest.mark.parametrize(
+    "record",
+    [RETURNED, RAISED, SyncRecord("solo 1", BATCH, False, True, DESCRIPTOR, None)],
+)
+def test_a_sync_record_reads_back_what_it_wrote(record: SyncRecord) -> None:
+    back = SyncRecord.from_json(json.loads(json.dumps(record.to_json())))
+    assert back == record
+    # The mode comes back as the enum member, not merely an equal string.
+    assert back.descriptor is None or type(back.descriptor.cg_mode) is CudagraphMode
+
+
+def test_a_sync_record_is_either_returned_or_raised() -> None:
+    with pytest.raises(ValueError, match="either a descriptor"):
+        SyncRecord("step 0", BATCH, False, False)
+    with pytest.raises(ValueError, match="either a descriptor"):
+        SyncRecord("step 0", BATCH, False, False, DESCRIPTOR, error="X: y")
+
+
+def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
+    return {name: value for name, value in data.items() if name != key}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _without(RETURNED.to_json(), "descriptor"),
+        _without(RETURNED.to_json(), "solo"),
+        {**RETURNED.to_json(), "error": "X: y"},
+        {**RETURNED.to_json(), "extra": 1},
+        {**RETURNED.to_json(), "inputs": {**BATCH.to_dict(), "tokens": 3}},
+        {**RETURNED.to_json(), "descriptor": {"cg_mode": "FULL"}},
+        {
+            **RETURNED.to_json(),
+            "descriptor": {**DESCRIPTOR.to_json(), "cg_mode": "full"},
+        },
+        {**RETURNED.to_json(), "agreement": {"eager": True}},
+        {**RAISED.to_json(), "agreement": None},
+        "not a record",
+    ],
+)
+def test_a_payload_that_is_not_a_sync_record_is_refused_by_name(payload: Any) -> None:
+    with pytest.raises(ValueError, match=r"^malformed sync record: "):
+        SyncRecord.from_json(payload)
+
+
+def test_an_expect_record_keeps_the_oracles_json_and_refuses_others() -> None:
+    record = ExpectRecord("step 0", (Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),) * 2)
+    written = record.to_json()
+    assert written["choices"][0] == {
+        "cg_mode": "FULL",
+        "num_tokens": 4,
+        "num_ubatches": 1,
+        "largest": 3,
+        "uniform": 1,
+        "bound": None,
+    }
+    assert ExpectRecord.from_json(json.loads(json.dumps(written))) == record
+    for choice in ({"cg_mode": "FULL"}, {**written["choices"][0], "cg_mode": "BEST"}):
+        with pytest.raises(ValueError, match=r"^malformed expect record: "):
+            ExpectRecord.from_json({"phase": "step 0", "choices": [choice]})
+
+
+class _Event:
+    def __init__(self, kind: str, after: int, payload: dict[str, Any]) -> None:
+        self.kind, self.after_collectives, self.payload = kind, after, payload
+
+
+def test_a_ranks_events_give_its_syncs_and_oracle_in_order_and_nothing_else() -> None:
+    expect = ExpectRecord("step 0", (Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),))
+    events = [
+        _Event(EXPECT_EVENT, 0, expect.to_json()),
+        _Event(SYNC_EVENT, 0, RETURNED.to_json()),
+        _Event("note", 1, {"anything": True}),
+        _Event(SYNC_EVENT, 2, RAISED.to_json()),
+    ]
+    assert list(recorded_syncs(events)) == [(0, RETURNED), (2, RAISED)]
+    assert sync_records(events) == [RETURNED, RAISED]
+    assert list(expect_records(events)) == [expect]
