@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Collection, Container, Iterable
+from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol, TypeVar
@@ -209,6 +209,11 @@ _LAZY = "_lazy_source"
 _RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(CollectiveRecord))
 
 
+#: An event as a lane keeps it while running or reads it from a log:
+#: (kind, collectives entered before it, payload).
+EventTuple = tuple[str, int, dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class Event:
     """Something the program recorded about itself (``dpsim.sim.record`` in the
@@ -219,6 +224,15 @@ class Event:
     #: can be placed between collective records.
     after_collectives: int
     payload: dict[str, Any]
+
+    @classmethod
+    def all_of(cls, raw: Sequence[EventTuple]) -> tuple[Event, ...]:
+        """A rank's events, from the tuples both lanes keep while running."""
+        return (
+            tuple([cls(kind, after, payload) for kind, after, payload in raw])
+            if raw
+            else ()
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -35,6 +35,7 @@ from dpsim.records.trace import (
     CollectiveRecord,
     ErrorInfo,
     Event,
+    EventTuple,
     IncompleteCollective,
     RankState,
     RankTrace,
@@ -70,8 +71,7 @@ class RankLogData:
     setup_error: str | None
     files: dict[str, str]
     collectives: tuple[Entered, ...]
-    #: (kind, collectives entered before it, payload)
-    events: tuple[tuple[str, int, dict[str, Any]], ...]
+    events: tuple[EventTuple, ...]
     #: "finished", "raised", "budget", or None when it never said
     ending: str | None
     returned: Any
@@ -90,7 +90,7 @@ def parse_log(rank: int, path: Path) -> RankLogData:
     setup_error = None
     files: dict[str, str] = {}
     collectives: list[dict[str, Any]] = []
-    events: list[tuple[str, int, dict[str, Any]]] = []
+    events: list[EventTuple] = []
     ending = None
     returned = None
     error = None
@@ -285,7 +285,7 @@ def _trace(
         waiting=waiting,
         steps=steps,
         collectives=records,
-        events=tuple(Event(kind, after, payload) for kind, after, payload in events),
+        events=Event.all_of(events),
     )
 
 

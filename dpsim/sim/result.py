@@ -131,12 +131,7 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
                 waiting = _wait_info(blocked[0], rank, blocked[1], signature)
         else:
             state, returned, error = exit_record
-        rank_events = all_events[rank]
-        events = (
-            tuple([Event(kind, after, payload) for kind, after, payload in rank_events])
-            if rank_events
-            else ()
-        )
+        events = Event.all_of(all_events[rank])
         traces.append(
             make_trace(
                 rank,

@@ -19,13 +19,11 @@ from dpsim.records.groups import (
     DP_DEVICE_GROUP,
     WORLD_GROUP,
 )
+from dpsim.records.trace import EventTuple
 from dpsim.sim.collectives import SimCollectives, SimProcessGroup
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.scheduler import Scheduler
 from dpsim.targets import runtime
-
-#: A (kind, collectives entered before it, payload) event, as kept while running.
-EventTuple = tuple[str, int, dict[str, Any]]
 
 
 def resolve_groups(
