@@ -17,10 +17,11 @@ import torch
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.properties.base import Verdict
+from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
 from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.records.sync import EXPECT_EVENT, SYNC_EVENT
 from dpsim.scenarios import Case, RankBatch
-from dpsim.sim import DP_CPU_GROUP, EP_GROUP, current_world, record, simulate
+from dpsim.sim import current_world, record, simulate
 
 POLICY = CapturePolicy(
     capture_sizes=(1, 2, 4, 8), cudagraph_mode="FULL", max_num_seqs=8

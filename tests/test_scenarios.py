@@ -12,11 +12,11 @@ from hypothesis.errors import NoSuchExample
 
 from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.records.sync import sync_records
+from dpsim.records.trace import Outcome
 from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
 from dpsim.scenarios.expect import expected_split, table_choices
 from dpsim.scenarios.generate import _split, cases, scenarios_for, seeded_draws_only
 from dpsim.scenarios.run import setting_for
-from dpsim.sim import Outcome
 from dpsim.targets import load_target
 from dpsim.targets.buildable import rules_of
 

@@ -23,7 +23,7 @@ from dpsim.cex import validate
 from dpsim.errors import UsageError
 from dpsim.properties.base import Verdict
 from dpsim.records.case import Case
-from dpsim.sim import SimResult
+from dpsim.records.trace import SimResult
 from dpsim.targets.load import Target
 from dpsim.terminal import printable
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from dpsim.errors import UsageError
 from dpsim.records.case import Case
-from dpsim.sim import SimResult
+from dpsim.records.trace import SimResult
 
 from . import (
     agreed_values,

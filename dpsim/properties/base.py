@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import Any
 
 from dpsim.records.case import Case, RankBatch
+from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
 from dpsim.records.sync import (
     Agreement,
     Choice,
@@ -24,7 +25,7 @@ from dpsim.records.sync import (
     expect_records,
     recorded_syncs,
 )
-from dpsim.sim import DP_CPU_GROUP, DP_DEVICE_GROUP, RankTrace, SimResult
+from dpsim.records.trace import RankTrace, SimResult
 from dpsim.terminal import printable
 
 DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)

@@ -16,6 +16,7 @@ from typing import Any, Protocol, cast
 import torch
 
 from dpsim.records.case import RankBatch
+from dpsim.records.groups import EP_GROUP
 from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import (
     EXPECT_EVENT,
@@ -24,7 +25,6 @@ from dpsim.records.sync import (
     ExpectRecord,
     SyncRecord,
 )
-from dpsim.sim import EP_GROUP
 from dpsim.targets import runtime
 from dpsim.targets.adapters import agreement_of, describe
 from dpsim.targets.load import Target

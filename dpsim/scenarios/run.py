@@ -13,7 +13,8 @@ from typing import Any
 from dpsim import allowances
 from dpsim.records.case import Case
 from dpsim.records.policy import CapturePolicy, CudagraphMode, ManagerConfig
-from dpsim.sim import SimResult, simulate
+from dpsim.records.trace import SimResult
+from dpsim.sim import simulate
 from dpsim.sim.choosers import Chooser
 from dpsim.targets.load import Target
 
