@@ -4,14 +4,13 @@ Why not ``ProcessPoolExecutor`` (as ``dpsim.versions`` uses): it cannot stop
 one task. A mutant that wedges the harness where no progress hook runs must
 cost its worker, not the whole run, so each worker here has its own pipe, and
 one that overruns its job's limit is terminated (by its own pid) and replaced.
-Workers are spawned, not forked: the parent has run torch, and forking a
-process whose thread pools have started can deadlock the child.
+Workers are started and stopped by :mod:`dpsim.processes` (spawned, not
+forked).
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import sys
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
+from dpsim import processes
 from dpsim.mutate.run import KILLED, TIMEOUT, WORKER, Job, MutantOutcome, check_mutant
 
 #: Time a fresh worker may take to import torch and dpsim before its first job.
@@ -61,15 +61,13 @@ def run_jobs(
 ) -> Iterator[MutantOutcome]:
     """Outcomes of ``jobs`` in the order they finish; at most ``limit``
     seconds each before its worker is terminated and the job is a timeout."""
-    context = multiprocessing.get_context("spawn")
     pending = deque(jobs)
     pool: list[_Worker] = []
     retried: set[str] = set()
 
     def start() -> _Worker:
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, args=(child,), daemon=True)
-        process.start()
+        parent, child = processes.SPAWN.Pipe()
+        process = processes.start(_serve, child)
         child.close()
         return _Worker(process, parent)
 
@@ -127,11 +125,7 @@ def run_jobs(
         for worker in pool:
             with contextlib.suppress(OSError):
                 worker.connection.send(None)
-        for worker in pool:
-            worker.process.join(timeout=2)
-            if worker.process.is_alive():
-                worker.process.terminate()
-                worker.process.join()
+        processes.reap([worker.process for worker in pool], patience=2.0)
 
 
 def _deadline(worker: _Worker, limit: float) -> float:
@@ -139,7 +133,6 @@ def _deadline(worker: _Worker, limit: float) -> float:
 
 
 def _replace(worker: _Worker, start: Callable[[], _Worker]) -> _Worker:
-    worker.process.terminate()
-    worker.process.join()
+    processes.reap([worker.process])
     worker.connection.close()
     return start()
