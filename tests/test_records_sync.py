@@ -94,6 +94,7 @@ def _without(data: dict[str, Any], key: str) -> dict[str, Any]:
         },
         {**RETURNED.to_json(), "agreement": {"eager": True}},
         {**RAISED.to_json(), "agreement": None},
+        {**RAISED.to_json(), "error": None},
         "not a record",
     ],
 )

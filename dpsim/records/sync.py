@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode
@@ -21,6 +21,25 @@ from dpsim.records.policy import CudagraphMode
 #: The trace event kinds these records travel as.
 SYNC_EVENT = "sync"
 EXPECT_EVENT = "expect"
+
+_T = TypeVar("_T")
+_MODES = {mode.value: mode for mode in CudagraphMode}
+
+
+def _filled(cls: type[_T], names: frozenset[str], data: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` holding exactly ``data``.
+
+    Every sync of every rank is read back once per run, and a frozen
+    dataclass's ``__init__`` sets each field through ``object.__setattr__``;
+    filling ``__dict__`` gives an equal object, for classes without
+    ``__post_init__``, once the keys are exactly the fields. Callers then
+    replace the values whose JSON form is not the field's type.
+    """
+    if data.keys() != names:
+        raise ValueError(f"{cls.__name__} with keys {sorted(data)}")
+    record = object.__new__(cls)
+    record.__dict__.update(data)
+    return record
 
 
 @dataclass(frozen=True)
@@ -42,10 +61,13 @@ class Descriptor:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Descriptor:
-        return cls(**{**data, "cg_mode": CudagraphMode(data["cg_mode"])})
+        descriptor = _filled(cls, _DESCRIPTOR_NAMES, data)
+        descriptor.__dict__["cg_mode"] = _MODES[data["cg_mode"]]
+        return descriptor
 
 
 _DESCRIPTOR_FIELDS = tuple(field.name for field in fields(Descriptor))
+_DESCRIPTOR_NAMES = frozenset(_DESCRIPTOR_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -68,12 +90,15 @@ class Agreement:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Agreement:
-        return cls(
-            **{**data, "num_tokens_across_dp": tuple(data["num_tokens_across_dp"])}
-        )
+        agreement = _filled(cls, _AGREEMENT_NAMES, data)
+        counts = tuple(data["num_tokens_across_dp"])
+        agreement.__dict__["num_tokens_across_dp"] = counts
+        return agreement
 
 
 _AGREEMENT_FIELDS = tuple(field.name for field in fields(Agreement))
+_AGREEMENT_NAMES = frozenset(_AGREEMENT_FIELDS)
+_BATCH_NAMES = frozenset(field.name for field in fields(RankBatch))
 
 
 @dataclass(frozen=True)
@@ -125,28 +150,22 @@ class SyncRecord:
     def from_json(cls, data: dict[str, Any]) -> SyncRecord:
         """Read back what :meth:`to_json` wrote; ValueError on anything else."""
         try:
-            error = data.get("error")
-            if error is not None:
-                extra = set(data) - _RAISED_KEYS
-                returned = None
+            raised = "error" in data
+            record = _filled(cls, _RAISED_KEYS if raised else _RETURNED_KEYS, data)
+            fields = record.__dict__
+            fields["inputs"] = _filled(RankBatch, _BATCH_NAMES, data["inputs"])
+            if raised:
+                if not isinstance(data["error"], str):
+                    raise ValueError("error is not text")
+                fields["descriptor"] = fields["agreement"] = None
             else:
-                extra = set(data) - _RETURNED_KEYS
                 agreement = data["agreement"]
-                returned = (
-                    Descriptor.from_json(data["descriptor"]),
-                    None if agreement is None else Agreement.from_json(agreement),
+                fields["error"] = None
+                fields["descriptor"] = Descriptor.from_json(data["descriptor"])
+                fields["agreement"] = (
+                    None if agreement is None else Agreement.from_json(agreement)
                 )
-            if extra:
-                raise ValueError(f"unknown keys {sorted(extra)}")
-            return cls(
-                phase=data["phase"],
-                inputs=RankBatch(**data["inputs"]),
-                reused=data["reused"],
-                solo=data["solo"],
-                descriptor=None if returned is None else returned[0],
-                agreement=None if returned is None else returned[1],
-                error=error,
-            )
+            return record
         except (KeyError, TypeError, ValueError, AttributeError) as problem:
             raise ValueError(f"malformed sync record: {problem!r}") from problem
 
@@ -180,10 +199,13 @@ class Choice:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Choice:
-        return cls(**{**data, "cg_mode": CudagraphMode(data["cg_mode"])})
+        choice = _filled(cls, _CHOICE_NAMES, data)
+        choice.__dict__["cg_mode"] = _MODES[data["cg_mode"]]
+        return choice
 
 
 _CHOICE_FIELDS = tuple(field.name for field in fields(Choice))
+_CHOICE_NAMES = frozenset(_CHOICE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -207,7 +229,7 @@ class ExpectRecord:
                 phase=data["phase"],
                 choices=tuple(Choice.from_json(choice) for choice in data["choices"]),
             )
-        except (KeyError, TypeError, ValueError) as problem:
+        except (KeyError, TypeError, ValueError, AttributeError) as problem:
             raise ValueError(f"malformed expect record: {problem!r}") from problem
 
 
