@@ -20,7 +20,9 @@ simulator's meanings:
 
 The per-rank outcome, states, collective records and events then have the
 simulator's shape, and the lane's verdict can be compared with the
-simulator's field by field.
+simulator's field by field. What both lanes share of building a trace (why a
+rank waits, which collectives stay incomplete, the verdict) is in
+:mod:`dpsim.records.trace`; this is the lane's input side.
 """
 
 from __future__ import annotations
@@ -268,7 +270,7 @@ def _trace(
         # What the rank did after entering where it is stuck happened only
         # because a real backend gave up on it.
         events = tuple(event for event in events if event[1] <= stuck_at)
-        waiting = _wait_info(collectives[stuck_at], table, members)
+        waiting = _waiting_in_entry(collectives[stuck_at], table, members)
     elif log.ending == "finished":
         state, returned = RankState.FINISHED, log.returned
     elif log.ending == "raised":
@@ -289,7 +291,9 @@ def _trace(
     )
 
 
-def _wait_info(entry: Entered, table: Table, members: tuple[int, ...]) -> WaitInfo:
+def _waiting_in_entry(
+    entry: Entered, table: Table, members: tuple[int, ...]
+) -> WaitInfo:
     entries = dict(table.get((entry.group, entry.seq), []))
     return wait_info(
         entry.group,

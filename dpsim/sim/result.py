@@ -47,7 +47,7 @@ class _Signatures:
         return made
 
 
-def _wait_info(
+def _waiting_in_pending(
     pending: Pending, rank: int, is_async: bool, signature: _Signatures
 ) -> WaitInfo:
     group = pending.group
@@ -128,7 +128,7 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
             state, returned, error = RankState.WAITING, None, None
             blocked = dist.waiting_on[rank]
             if blocked is not None:
-                waiting = _wait_info(blocked[0], rank, blocked[1], signature)
+                waiting = _waiting_in_pending(blocked[0], rank, blocked[1], signature)
         else:
             state, returned, error = exit_record
         events = Event.all_of(all_events[rank])
