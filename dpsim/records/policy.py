@@ -314,11 +314,7 @@ class CapturePolicy:
             raise PolicyError(
                 f"{_where}expected a table of policy keys, got {shown(data)}"
             )
-        unknown = [key for key in data if key not in _KEYS]
-        if unknown:
-            raise PolicyError(
-                f"{_where}unknown key {shown(unknown[0])} (known keys: {', '.join(_KEYS)})"
-            )
+        _refuse_unknown(data, _KEYS, _where)
         if "capture_sizes" not in data:
             raise PolicyError(f"{_where}missing required key 'capture_sizes'")
         kwargs: dict[str, Any] = {
@@ -339,12 +335,7 @@ class CapturePolicy:
                 raise PolicyError(
                     f"{_where}microbatching: expected a table, got {shown(mb)}"
                 )
-            unknown = [key for key in mb if key not in _MB_KEYS]
-            if unknown:
-                raise PolicyError(
-                    f"{_where}microbatching: unknown key {shown(unknown[0])} "
-                    f"(known keys: {', '.join(_MB_KEYS)})"
-                )
+            _refuse_unknown(mb, _MB_KEYS, f"{_where}microbatching: ")
             kwargs["microbatching"] = Microbatching(**mb)
         drafter = data.get("drafter")
         if drafter is not None:
@@ -361,6 +352,17 @@ class CapturePolicy:
             if _where and not str(exc).startswith(_where):
                 raise PolicyError(f"{_where}{exc}") from None
             raise
+
+
+def _refuse_unknown(
+    data: Mapping[str, Any], known: tuple[str, ...], where: str
+) -> None:
+    """Refuse the first key of ``data`` not in ``known``: a typo is never a default."""
+    unknown = [key for key in data if key not in known]
+    if unknown:
+        raise PolicyError(
+            f"{where}unknown key {shown(unknown[0])} (known keys: {', '.join(known)})"
+        )
 
 
 def _default_grid(kwargs: dict[str, Any]) -> list[int]:
