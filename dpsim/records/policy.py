@@ -376,13 +376,10 @@ def _default_grid(kwargs: dict[str, Any]) -> list[int]:
     if ceiling is None:
         max_num_seqs = kwargs.get("max_num_seqs", 256)
         q = kwargs.get("decode_query_len", 1)
-        if (
-            int_problem(max_num_seqs, 1, MAX_NUM_SEQS) is not None
-            or int_problem(q, 1, MAX_DECODE_QUERY_LEN) is not None
-        ):
+        if _MAX_NUM_SEQS.problem(max_num_seqs) or _DECODE_QUERY_LEN.problem(q):
             return []
         ceiling = vllm_default_max_capture_size(max_num_seqs, q)
-    if int_problem(ceiling, 1, MAX_CAPTURE_SIZE) is not None:
+    if _MAX_CAPTURE_SIZE.problem(ceiling):
         return []
     grid = list(vllm_default_sizes(ceiling))
     if kwargs.get("max_capture_size") is not None:
@@ -399,10 +396,9 @@ _Rule = Callable[[Any], "str | None"]
 
 def _field(spec: Field, prefix: str = "") -> _Rule:
     """The rule that ``spec`` holds for the policy's attribute of that name."""
-    name = spec.name.rpartition(".")[2]
 
     def rule(policy: Any) -> str | None:
-        problem = spec.problem(getattr(policy, name))
+        problem = spec.problem(getattr(policy, spec.name))
         return None if problem is None else f"{prefix}{spec.name}: {problem}"
 
     return rule
@@ -459,17 +455,19 @@ def _drafter(policy: CapturePolicy) -> str | None:
     return None
 
 
+_MAX_NUM_SEQS = Field("max_num_seqs", integer(1, MAX_NUM_SEQS))
+_DECODE_QUERY_LEN = Field("decode_query_len", integer(1, MAX_DECODE_QUERY_LEN))
+_MAX_CAPTURE_SIZE = Field(
+    "max_capture_size",
+    optional(integer(1, MAX_CAPTURE_SIZE)),
+    " (leave it out for the largest capture size)",
+)
+
 _RULES: tuple[_Rule, ...] = (
     _field(Field("cudagraph_mode", member(CudagraphMode, "mode"))),
-    _field(Field("max_num_seqs", integer(1, MAX_NUM_SEQS))),
-    _field(Field("decode_query_len", integer(1, MAX_DECODE_QUERY_LEN))),
-    _field(
-        Field(
-            "max_capture_size",
-            optional(integer(1, MAX_CAPTURE_SIZE)),
-            " (leave it out for the largest capture size)",
-        )
-    ),
+    _field(_MAX_NUM_SEQS),
+    _field(_DECODE_QUERY_LEN),
+    _field(_MAX_CAPTURE_SIZE),
     _field(
         Field(
             "capture_sizes",
