@@ -57,12 +57,15 @@ def describe_policy(policy: CapturePolicy) -> str:
     return ", ".join(parts)
 
 
+def _bounds(uniform_token_count: int | None, max_query_len: int | None) -> str:
+    """The uniform decode length and query-length bound, where set."""
+    text = "" if uniform_token_count is None else f" u={uniform_token_count}"
+    return text + ("" if max_query_len is None else f" q<={max_query_len}")
+
+
 def _inputs_cell(inputs: RankBatch) -> str:
     text = f"{inputs.kind} {inputs.num_reqs}r/{inputs.num_tokens}t"
-    if inputs.uniform_token_count is not None:
-        text += f" u={inputs.uniform_token_count}"
-    if inputs.max_query_len is not None:
-        text += f" q<={inputs.max_query_len}"
+    text += _bounds(inputs.uniform_token_count, inputs.max_query_len)
     flags = [
         name
         for name, flag in (
@@ -81,10 +84,7 @@ def _descriptor_cell(descriptor: Descriptor) -> str:
     text = f"{descriptor.cg_mode} {descriptor.num_tokens}t"
     if descriptor.num_reqs is not None:
         text += f"/{descriptor.num_reqs}r"
-    if descriptor.uniform_token_count is not None:
-        text += f" u={descriptor.uniform_token_count}"
-    if descriptor.max_query_len is not None:
-        text += f" q<={descriptor.max_query_len}"
+    text += _bounds(descriptor.uniform_token_count, descriptor.max_query_len)
     if descriptor.num_ubatches > 1:
         text += f" x{descriptor.num_ubatches}"
     return text

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode
@@ -26,7 +26,7 @@ _T = TypeVar("_T")
 _MODES = {mode.value: mode for mode in CudagraphMode}
 
 
-def _filled(cls: type[_T], names: frozenset[str], data: dict[str, Any]) -> _T:
+def _filled(cls: type[_T], data: dict[str, Any]) -> _T:
     """An instance of the frozen dataclass ``cls`` holding exactly ``data``.
 
     Every sync of every rank is read back once per run, and a frozen
@@ -35,15 +35,38 @@ def _filled(cls: type[_T], names: frozenset[str], data: dict[str, Any]) -> _T:
     ``__post_init__``, once the keys are exactly the fields. Callers then
     replace the values whose JSON form is not the field's type.
     """
-    if data.keys() != names:
+    if data.keys() != _FIELD_SETS[cls]:
         raise ValueError(f"{cls.__name__} with keys {sorted(data)}")
     record = object.__new__(cls)
     record.__dict__.update(data)
     return record
 
 
+def _json_fields(record: Any) -> dict[str, Any]:
+    """A flat record's fields by name, in declaration order (the JSON key order)."""
+    return {name: getattr(record, name) for name in _FIELD_NAMES[type(record)]}
+
+
+class _WithMode:
+    """A flat record with a cudagraph mode: its JSON is its fields in order,
+    the mode by name."""
+
+    cg_mode: CudagraphMode
+
+    def to_json(self) -> dict[str, Any]:
+        data = _json_fields(self)
+        data["cg_mode"] = self.cg_mode.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        record = _filled(cls, data)
+        record.__dict__["cg_mode"] = _MODES[data["cg_mode"]]
+        return record
+
+
 @dataclass(frozen=True)
-class Descriptor:
+class Descriptor(_WithMode):
     """A ``BatchExecutionDescriptor`` as plain values (fields a version lacks: default)."""
 
     cg_mode: CudagraphMode
@@ -53,21 +76,6 @@ class Descriptor:
     max_query_len: int | None = None
     num_active_loras: int = 0
     num_ubatches: int = 1
-
-    def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in _DESCRIPTOR_FIELDS}
-        data["cg_mode"] = self.cg_mode.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Descriptor:
-        descriptor = _filled(cls, _DESCRIPTOR_NAMES, data)
-        descriptor.__dict__["cg_mode"] = _MODES[data["cg_mode"]]
-        return descriptor
-
-
-_DESCRIPTOR_FIELDS = tuple(field.name for field in fields(Descriptor))
-_DESCRIPTOR_NAMES = frozenset(_DESCRIPTOR_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -84,21 +92,16 @@ class Agreement:
     skip_drafts: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in _AGREEMENT_FIELDS}
+        data = _json_fields(self)
         data["num_tokens_across_dp"] = list(self.num_tokens_across_dp)
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Agreement:
-        agreement = _filled(cls, _AGREEMENT_NAMES, data)
+        agreement = _filled(cls, data)
         counts = tuple(data["num_tokens_across_dp"])
         agreement.__dict__["num_tokens_across_dp"] = counts
         return agreement
-
-
-_AGREEMENT_FIELDS = tuple(field.name for field in fields(Agreement))
-_AGREEMENT_NAMES = frozenset(_AGREEMENT_FIELDS)
-_BATCH_NAMES = frozenset(field.name for field in fields(RankBatch))
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,12 @@ class SyncRecord:
         """Read back what :meth:`to_json` wrote; ValueError on anything else."""
         try:
             raised = "error" in data
-            record = _filled(cls, _RAISED_KEYS if raised else _RETURNED_KEYS, data)
+            if data.keys() != (_RAISED_KEYS if raised else _RETURNED_KEYS):
+                raise ValueError(f"keys {sorted(data)}")
+            record = object.__new__(cls)
             fields = record.__dict__
-            fields["inputs"] = _filled(RankBatch, _BATCH_NAMES, data["inputs"])
+            fields.update(data)
+            fields["inputs"] = _filled(RankBatch, data["inputs"])
             if raised:
                 if not isinstance(data["error"], str):
                     raise ValueError("error is not text")
@@ -177,7 +183,7 @@ _RETURNED_KEYS = frozenset(
 
 
 @dataclass(frozen=True)
-class Choice:
+class Choice(_WithMode):
     """What a correct sync gives one rank for a step, and the batch the ranks agreed.
 
     ``largest`` is the largest token count, ``uniform`` the uniform decode
@@ -192,20 +198,13 @@ class Choice:
     uniform: int | None
     bound: int | None
 
-    def to_json(self) -> dict[str, Any]:
-        data = {name: getattr(self, name) for name in _CHOICE_FIELDS}
-        data["cg_mode"] = self.cg_mode.value
-        return data
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Choice:
-        choice = _filled(cls, _CHOICE_NAMES, data)
-        choice.__dict__["cg_mode"] = _MODES[data["cg_mode"]]
-        return choice
-
-
-_CHOICE_FIELDS = tuple(field.name for field in fields(Choice))
-_CHOICE_NAMES = frozenset(_CHOICE_FIELDS)
+#: The flat records' field names: in order (JSON keys) and as a set (to read).
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(field.name for field in fields(cls))
+    for cls in (RankBatch, Descriptor, Agreement, Choice)
+}
+_FIELD_SETS = {cls: frozenset(names) for cls, names in _FIELD_NAMES.items()}
 
 
 @dataclass(frozen=True)
