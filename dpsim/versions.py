@@ -3,20 +3,24 @@
 Answers "which vLLM releases have this DP-sync bug?" in a table that can be
 pasted into an upstream issue: each row is a version (or a file on a version)
 and a scenario, with ``pass`` or the property that failed and a link to its
-counterexample file. Targets are checked in parallel worker processes, each
-loading its own target; the rows come back in the order asked for.
+counterexample file. Targets are checked in parallel child processes
+(:mod:`dpsim.processes`), one per target, each loading its own; the rows come
+back in the order asked for, and a child that dies gives its target an
+``error`` row instead of sinking the report.
 """
 
 from __future__ import annotations
 
 import html
 import os
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-from dpsim import cex
+from dpsim import cex, processes
 from dpsim.check import CheckOptions, run_check
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.report import table
@@ -50,16 +54,7 @@ def check_target(
     try:
         target = load_target(request.vllm, request.target_file)
     except Exception as error:  # one bad target must not sink the whole report
-        label = (
-            request.vllm
-            if request.target_file is None
-            else f"{request.target_file} on {request.vllm}"
-        )
-        return [
-            VersionRow(
-                label, "-", "error", None, f"{type(error).__name__}: {error}", None
-            )
-        ]
+        return [_error_row(request, f"{type(error).__name__}: {error}")]
     report = run_check(target, options)
     rows = []
     for run in report.runs:
@@ -100,12 +95,59 @@ def cross_version(
     if workers == 1:
         batches = [check_target(request, options, out) for request in requests]
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = [
-                pool.submit(check_target, request, options, out) for request in requests
-            ]
-            batches = [future.result() for future in futures]
+        batches = _check_in_children(requests, options, out, workers)
     return [row for batch in batches for row in batch]
+
+
+def _check_in_children(
+    requests: Sequence[TargetRequest], options: CheckOptions, out: Path, workers: int
+) -> list[list[VersionRow]]:
+    """:func:`check_target` of each request in a child, ``workers`` at a time."""
+    pending = deque(enumerate(requests))
+    running: dict[Connection, tuple[int, BaseProcess]] = {}
+    batches: dict[int, list[VersionRow]] = {}
+    children: list[BaseProcess] = []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                index, request = pending.popleft()
+                receiver, sender = processes.SPAWN.Pipe(duplex=False)
+                child = processes.start(_send_rows, sender, request, options, out)
+                sender.close()
+                children.append(child)
+                running[receiver] = (index, child)
+            ready = wait(list(running))
+            for receiver in [receiver for receiver in running if receiver in ready]:
+                index, child = running.pop(receiver)
+                try:
+                    batches[index] = receiver.recv()
+                except EOFError:
+                    child.join()
+                    batches[index] = [
+                        _error_row(
+                            requests[index],
+                            f"its check ended with exit status {child.exitcode}",
+                        )
+                    ]
+                receiver.close()
+    finally:
+        processes.reap(children, patience=0.0 if running else 5.0)
+    return [batches[index] for index in range(len(requests))]
+
+
+def _send_rows(
+    sender: Connection, request: TargetRequest, options: CheckOptions, out: Path
+) -> None:
+    sender.send(check_target(request, options, out))
+
+
+def _error_row(request: TargetRequest, message: str) -> VersionRow:
+    label = (
+        request.vllm
+        if request.target_file is None
+        else f"{request.target_file} on {request.vllm}"
+    )
+    return VersionRow(label, "-", "error", None, message, None)
 
 
 def render_markdown(

@@ -62,3 +62,17 @@ def test_cli_writes_both_files_and_refuses_a_bad_target_pair(
     assert (out / "report.md").is_file() and (out / "report.html").is_file()
     assert main(["versions", "--target", "no-at-sign.py"]) == 2
     assert "expected FILE@SPEC" in capsys.readouterr().err
+
+
+def test_targets_checked_in_children_keep_their_order_and_a_dead_child_is_a_row(
+    tmp_path: Path,
+) -> None:
+    exits = tmp_path / "exits.py"
+    exits.write_text("import os\nos._exit(7)\n")
+    requests = [TargetRequest("0.29.0", str(exits)), TargetRequest("0.17.0")]
+    rows = cross_version(requests, CheckOptions(examples=5), tmp_path, workers=2)
+    assert [(row.target, row.verdict, row.message) for row in rows] == [
+        (f"{exits} on 0.29.0", "error", "its check ended with exit status 7"),
+        ("0.17.0", "error", rows[1].message),
+    ]
+    assert "0.15-0.17" in (rows[1].message or "")

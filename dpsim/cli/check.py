@@ -189,7 +189,7 @@ def _run_verdict(run: ScenarioRun) -> str:
 
 
 def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
-    """The ``--json`` object: the first failure at the top (as before), every
+    """The ``--json`` object: the first failure at the top, every
     scenario's own verdict, counts and counterexample under ``scenarios``.
 
     ``examples`` counts every case run, shrink attempts included;

@@ -1,11 +1,10 @@
 """Worker processes for mutants, each job under a hard time limit.
 
-Why not ``ProcessPoolExecutor`` (as ``dpsim.versions`` uses): it cannot stop
-one task. A mutant that wedges the harness where no progress hook runs must
-cost its worker, not the whole run, so each worker here has its own pipe, and
-one that overruns its job's limit is terminated (by its own pid) and replaced.
-Workers are started and stopped by :mod:`dpsim.processes` (spawned, not
-forked).
+Why not ``ProcessPoolExecutor``: it cannot stop one task. A mutant that
+wedges the harness where no progress hook runs must cost its worker, not the
+whole run, so each worker here has its own pipe, and one that overruns its
+job's limit is terminated (by its own pid) and replaced. Workers are started
+and stopped by :mod:`dpsim.processes` (spawned, not forked).
 """
 
 from __future__ import annotations
