@@ -110,6 +110,19 @@ def test_a_correct_phase_fails_nothing() -> None:
     assert failing(records) == []
 
 
+def test_a_sync_event_that_is_no_sync_record_is_refused_not_judged() -> None:
+    # A renamed key once read as a missing descriptor ("the call raised") or a
+    # silent None; now judging the run stops and names the record.
+    fine = {
+        "inputs": batch(1),
+        "descriptor": chose("FULL", 1, 1),
+        "agreement": agreed([1, 1]),
+    }
+    renamed = {"inputs": batch(1), "descriptr": fine["descriptor"], "agreement": None}
+    with pytest.raises(ValueError, match=r"^malformed sync record: .*descriptr"):
+        failing([fine, renamed])
+
+
 def test_agreement_flags_a_per_rank_value_in_the_agreement_alone() -> None:
     records = [
         {
