@@ -54,11 +54,22 @@ def test_every_scenario_has_a_test_and_profiles_agree() -> None:
     for name in names:
         # No fixtures: HypoFuzz does not collect tests that take any.
         assert inspect.signature(getattr(suite_module, name)).parameters == {}
-    # SuiteOptions.validate spells the profiles out to stay free of torch.
     for profile in PROFILES:
         SuiteOptions(profile=profile).validate()
     with pytest.raises(UsageError):
         SuiteOptions(profile="nope").validate()
+
+
+def test_the_suite_configuration_imports_without_torch_or_the_cli() -> None:
+    # The plugin imports it in every pytest session of an environment with dpsim.
+    probe = (
+        "import sys, dpsim.suite.config; print(sorted(name for name in sys.modules"
+        " if name == 'torch' or name.startswith(('torch.', 'dpsim.cli'))))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert completed.stdout == "[]\n"
 
 
 def test_database_keys_follow_the_configuration_not_the_checkout() -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from dpsim.errors import UsageError
 from dpsim.options import parse_ranks
+from dpsim.records.case import PROFILES
 
 if TYPE_CHECKING:
     from dpsim.records.policy import CapturePolicy
@@ -50,10 +51,9 @@ class SuiteOptions:
     def validate(self) -> None:
         """Refuse a bad profile when the session starts; the ranks are
         parsed when the suite first resolves (:func:`resolve`)."""
-        profiles = ("caller", "contract")  # dpsim.scenarios.PROFILES, without torch
-        if self.profile not in profiles:
+        if self.profile not in PROFILES:
             raise UsageError(
-                f"profile {self.profile!r}: expected one of {', '.join(profiles)}"
+                f"profile {self.profile!r}: expected one of {', '.join(PROFILES)}"
             )
 
     def database_key(self, scenario: str) -> bytes:
