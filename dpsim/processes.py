@@ -71,21 +71,19 @@ def reap(
     seconds; any left get SIGKILL. Returns once every child is reaped.
     """
     how = [EXITED] * len(children)
-    deadline = time.monotonic() + patience
+    for wait_s, stopped in ((patience, TERMINATED), (grace, KILLED)):
+        deadline = time.monotonic() + wait_s
+        for child in children:
+            _wait(child, max(0.0, deadline - time.monotonic()))
+        for index, child in enumerate(children):
+            if _running(child):
+                if stopped == TERMINATED:
+                    child.terminate()
+                else:
+                    child.kill()
+                how[index] = stopped
     for child in children:
-        _wait(child, max(0.0, deadline - time.monotonic()))
-    for index, child in enumerate(children):
-        if _running(child):
-            child.terminate()
-            how[index] = TERMINATED
-    deadline = time.monotonic() + grace
-    for child in children:
-        _wait(child, max(0.0, deadline - time.monotonic()))
-    for index, child in enumerate(children):
-        if _running(child):
-            child.kill()
-            how[index] = KILLED
-            _wait(child, None)
+        _wait(child, None)
     return [
         Ended(child.pid, _exitcode(child), how[index])
         for index, child in enumerate(children)

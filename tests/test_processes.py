@@ -49,6 +49,13 @@ def _function(kind: str) -> Child:
     return process
 
 
+def _wait_for(child: Child) -> None:
+    if isinstance(child, subprocess.Popen):
+        child.wait()
+    else:
+        child.join()
+
+
 def _assert_reaped(pid: int | None) -> None:
     assert pid is not None
     # Reaped children are no longer ours to wait for: no zombie is left.
@@ -56,9 +63,13 @@ def _assert_reaped(pid: int | None) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def test_commands_exit_are_terminated_or_killed_and_all_reaped() -> None:
-    children = [_command(FINISHES), _command(SLEEPS), _command(IGNORES_SIGTERM)]
-    children[0].wait()
+@pytest.mark.parametrize("kind", ["command", "function"])
+def test_children_exit_are_terminated_or_killed_and_all_reaped(kind: str) -> None:
+    if kind == "command":
+        children = [_command(FINISHES), _command(SLEEPS), _command(IGNORES_SIGTERM)]
+    else:
+        children = [_function("finishes"), _function("sleeps"), _function("ignores")]
+    _wait_for(children[0])
     ended = reap(children, patience=0.0, grace=0.5)
     assert [(end.how, end.exitcode) for end in ended] == [
         (EXITED, 0),
@@ -66,19 +77,6 @@ def test_commands_exit_are_terminated_or_killed_and_all_reaped() -> None:
         (KILLED, -signal.SIGKILL),
     ]
     assert [end.pid for end in ended] == [child.pid for child in children]
-    for end in ended:
-        _assert_reaped(end.pid)
-
-
-def test_functions_exit_are_terminated_or_killed_and_all_reaped() -> None:
-    children = [_function("finishes"), _function("sleeps"), _function("ignores")]
-    children[0].join()
-    ended = reap(children, patience=0.0, grace=0.5)
-    assert [(end.how, end.exitcode) for end in ended] == [
-        (EXITED, 0),
-        (TERMINATED, -signal.SIGTERM),
-        (KILLED, -signal.SIGKILL),
-    ]
     for end in ended:
         _assert_reaped(end.pid)
 
