@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpsim.costs.figures import nearest_rank
 from dpsim.errors import UsageError
 from dpsim.mutate import equivalent
 from dpsim.mutate.mutants import Mutant, generate, select_operators
@@ -99,7 +100,7 @@ class MutationReport:
             return {"median": None, "p90": None, "max": None}
         return {
             "median": statistics.median(times),
-            "p90": _quantile(times, 0.9),
+            "p90": nearest_rank(times, 90),
             "max": times[-1],
         }
 
@@ -109,12 +110,6 @@ class MutationReport:
             killer = result.outcome.killer or result.outcome.status
             counts[killer] = counts.get(killer, 0) + 1
         return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
-
-
-def _quantile(ordered: list[float], q: float) -> float:
-    # Nearest rank: a value that was measured, not an interpolation.
-    index = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
-    return ordered[index]
 
 
 def mutate(
