@@ -14,7 +14,7 @@ in one line (and, under ``--json``, as ``"verdict": "error"``) with exit
 status :data:`EXIT_NO_VERDICT`.
 
 Forked, not spawned: the child starts with everything the parent imported
-(torch included) in microseconds, and tests calling ``dpsim.cli.main``
+(torch included) in microseconds, and tests calling the CLI's ``main``
 in-process work unchanged. The fork happens before any target code ran in
 the parent, and the child always ends with ``os._exit``: it never returns
 into the caller (a test runner, say) or runs its teardown.
