@@ -47,25 +47,47 @@ class _Signatures:
         return made
 
 
-def _waiting_in_pending(
-    pending: Pending, rank: int, is_async: bool, signature: _Signatures
-) -> WaitInfo:
-    group = pending.group
-    assert group is not None  # not completed, not frozen yet
-    own = pending.signatures[group.position[rank]]
-    assert own is not None
-    return wait_info(
-        group.name,
-        pending.seq,
-        signature(own),
-        is_async,
-        [
-            (member, None if entered_as is None else signature(entered_as))
-            for member, entered_as in zip(
-                group.members, pending.signatures, strict=True
+class _Waits:
+    """Describes why ranks wait, once per way of waiting.
+
+    Every rank stuck in one collective the same way (signature, in wait() or
+    not) waits for the same reason, and each collective's members' entered
+    signatures are read once: a hang can leave hundreds of ranks in one.
+    """
+
+    def __init__(self, signature: _Signatures) -> None:
+        self._signature = signature
+        self._entered: dict[int, list[tuple[int, Signature | None]]] = {}
+        self._described: dict[tuple[int, SignatureTuple, bool], WaitInfo] = {}
+
+    def __call__(self, pending: Pending, rank: int, is_async: bool) -> WaitInfo:
+        group = pending.group
+        assert group is not None  # not completed, not frozen yet
+        own = pending.signatures[group.position[rank]]
+        assert own is not None
+        key = (id(pending), own, is_async)
+        made = self._described.get(key)
+        if made is None:
+            made = self._described[key] = wait_info(
+                group.name,
+                pending.seq,
+                self._signature(own),
+                is_async,
+                self._entered_by_member(pending, group.members),
             )
-        ],
-    )
+        return made
+
+    def _entered_by_member(
+        self, pending: Pending, members: tuple[int, ...]
+    ) -> list[tuple[int, Signature | None]]:
+        entered = self._entered.get(id(pending))
+        if entered is None:
+            signature = self._signature
+            entered = self._entered[id(pending)] = [
+                (member, None if raw is None else signature(raw))
+                for member, raw in zip(members, pending.signatures, strict=True)
+            ]
+        return entered
 
 
 def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
@@ -117,6 +139,7 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
     """The finished run as a trace, read from the scheduler and the fake collectives."""
     dist = world.dist
     signature = _Signatures()
+    waits = _Waits(signature)
     make_trace = RankTrace.lazy
     steps = scheduler.steps
     logs = dist.logs
@@ -128,7 +151,7 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
             state, returned, error = RankState.WAITING, None, None
             blocked = dist.waiting_on[rank]
             if blocked is not None:
-                waiting = _waiting_in_pending(blocked[0], rank, blocked[1], signature)
+                waiting = waits(blocked[0], rank, blocked[1])
         else:
             state, returned, error = exit_record
         events = Event.all_of(all_events[rank])
