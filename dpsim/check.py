@@ -37,9 +37,10 @@ from hypothesis.errors import NoSuchExample, Unsatisfiable
 
 from dpsim.errors import UsageError
 from dpsim.properties import Property, Verdict, judge, select
+from dpsim.records.case import Case
 from dpsim.records.policy import CapturePolicy
 from dpsim.records.trace import SimResult
-from dpsim.scenarios import Case, PolicyRefused, run_case
+from dpsim.scenarios import PolicyRefused, run_case
 from dpsim.scenarios.generate import (
     DEFAULT_RANKS,
     cases,

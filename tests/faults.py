@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy
-from dpsim.scenarios import Case, RankBatch
 from dpsim.targets.cache import ensure_release
 
 BASE = "0.20.0"

@@ -19,9 +19,10 @@ from faults import VOTING
 from dpsim import cex, check
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import sync_records
-from dpsim.scenarios import Case, RankBatch, run_case
+from dpsim.scenarios import run_case
 from dpsim.targets import load_target
 
 pytestmark = pytest.mark.release

@@ -30,7 +30,8 @@ from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
 from dpsim.database import open_database
 from dpsim.errors import UsageError
-from dpsim.scenarios import PROFILES, SCENARIOS
+from dpsim.records.case import PROFILES
+from dpsim.scenarios import SCENARIOS
 from dpsim.suite.config import SuiteOptions
 from dpsim.targets import load_target
 from dpsim.targets.cache import ensure_release

@@ -17,10 +17,10 @@ import torch
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
 from dpsim.properties.base import Verdict
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
 from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.records.sync import EXPECT_EVENT, SYNC_EVENT
-from dpsim.scenarios import Case, RankBatch
 from dpsim.sim import current_world, record, simulate
 
 POLICY = CapturePolicy(

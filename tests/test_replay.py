@@ -20,9 +20,10 @@ from dpsim import cex
 from dpsim.cli import main
 from dpsim.cli.replay import _render_lane
 from dpsim.properties import judge
+from dpsim.records.case import Case
 from dpsim.records.trace import Outcome, RankState
 from dpsim.replay import LaneError, LaneRun, disagreements, run_lane
-from dpsim.scenarios import Case, run_case
+from dpsim.scenarios import run_case
 from dpsim.targets import load_target
 
 pytestmark = [pytest.mark.release, pytest.mark.gloo]

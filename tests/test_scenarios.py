@@ -10,10 +10,11 @@ from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample
 
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy, Microbatching
 from dpsim.records.sync import sync_records
 from dpsim.records.trace import Outcome
-from dpsim.scenarios import Case, PolicyRefused, RankBatch, run_case
+from dpsim.scenarios import PolicyRefused, run_case
 from dpsim.scenarios.expect import expected_split, table_choices
 from dpsim.scenarios.generate import _split, cases, scenarios_for, seeded_draws_only
 from dpsim.scenarios.run import setting_for

@@ -37,8 +37,9 @@ from dpsim.limits import MAX_RANKS
 from dpsim.options import parse_ranks
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
+from dpsim.records.case import PROFILES
 from dpsim.report import render_case_run
-from dpsim.scenarios import PROFILES, SCENARIOS
+from dpsim.scenarios import SCENARIOS
 from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
 

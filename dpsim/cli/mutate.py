@@ -30,7 +30,7 @@ from dpsim.mutate import (
     write,
 )
 from dpsim.options import parse_ranks
-from dpsim.scenarios import PROFILES
+from dpsim.records.case import PROFILES
 from dpsim.targets import DEFAULT_RELEASE, load_target
 from dpsim.targets.load import DP_UTILS_MODULE
 

@@ -37,9 +37,9 @@ from dpsim.costs.suggest import suggest_policy
 from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS, int_problem
+from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy, ManagerConfig
 from dpsim.report import describe_policy
-from dpsim.scenarios import PROFILES
 from dpsim.scenarios.run import PolicyRefused, manager_for, tables_for
 from dpsim.targets import DEFAULT_RELEASE, load_target
 from dpsim.targets.load import Target

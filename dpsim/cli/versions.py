@@ -10,7 +10,7 @@ from dpsim.check import CheckOptions
 from dpsim.cli import add_command, check_output_directory
 from dpsim.errors import UsageError
 from dpsim.options import parse_ranks
-from dpsim.scenarios import PROFILES
+from dpsim.records.case import PROFILES
 from dpsim.versions import (
     SUPPORTED_RELEASES,
     TargetRequest,

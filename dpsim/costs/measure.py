@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from dpsim.capture.table import capture_table
 from dpsim.properties.base import Evidence
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy
-from dpsim.scenarios import Case, RankBatch, run_case
+from dpsim.scenarios import run_case
 from dpsim.scenarios.generate import CallerModel
 from dpsim.scenarios.run import manager_for, tables_for
 from dpsim.targets.load import Target

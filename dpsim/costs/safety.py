@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from dpsim.check import CheckOptions, CheckReport, Finding, run_check
 from dpsim.known import KnownFinding, known_finding
+from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy
-from dpsim.scenarios import PROFILES
 from dpsim.scenarios.generate import scenarios_for
 from dpsim.targets.load import Target
 

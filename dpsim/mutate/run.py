@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from dpsim.check import DEFAULT_EXAMPLES as CHECK_EXAMPLES
 from dpsim.check import CheckOptions, run_check
 from dpsim.properties import PROPERTY_NAMES
-from dpsim.scenarios import PROFILES
+from dpsim.records.case import PROFILES
 from dpsim.scenarios.generate import DEFAULT_RANKS, scenarios_for
 from dpsim.targets import load_target
 from dpsim.targets.load import Target

@@ -33,10 +33,10 @@ from pathlib import Path
 from dpsim import processes
 from dpsim.errors import UsageError
 from dpsim.properties import Verdict, judge, select
+from dpsim.records.case import Case
 from dpsim.records.trace import SimResult
 from dpsim.replay import traces
 from dpsim.replay.worker import RankJob
-from dpsim.scenarios import Case
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 10.0

@@ -19,6 +19,7 @@ from dpsim.cex import files
 from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
 from dpsim.properties import Verdict, judge, select
+from dpsim.records.case import Case
 from dpsim.records.trace import SimResult
 from dpsim.replay.sources import (
     PROCEED,
@@ -27,7 +28,7 @@ from dpsim.replay.sources import (
     check_recorded_sources,
     choose,
 )
-from dpsim.scenarios import Case, PolicyRefused, run_case
+from dpsim.scenarios import PolicyRefused, run_case
 from dpsim.scenarios.run import why_not_runnable
 from dpsim.sim import ReplayChooser, ReplayDivergedError
 from dpsim.targets import load_target

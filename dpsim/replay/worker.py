@@ -113,6 +113,7 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
     import torch
     import torch.distributed as dist
 
+    from dpsim.records.case import Case
     from dpsim.records.groups import (
         DP_CPU_GROUP,
         DP_DEVICE_GROUP,
@@ -120,7 +121,6 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
         WORLD_GROUP,
     )
     from dpsim.replay.world import RealWorld
-    from dpsim.scenarios import Case
     from dpsim.scenarios.programs import PROGRAMS
     from dpsim.scenarios.run import setting_for
     from dpsim.sim import DEFAULT_STEP_BUDGET
