@@ -34,7 +34,9 @@ def shortfall(
 
     ``agreed_count`` is this rank's entry of an agreement that is not eager:
     the table had no graph for the agreed batch, so the ranks run eager at the
-    agreed, padded size (DPSyncState pads unless ``eager``).
+    agreed, padded size (DPSyncState pads unless ``eager``). A version that
+    returns the count tensor instead (before 0.29) says nothing of eager; its
+    eager branch returns each rank's own count, so its entry is passed too.
     """
     if descriptor.num_tokens < batch.num_tokens:
         return f"{descriptor.num_tokens} tokens < the batch's {batch.num_tokens}"
@@ -79,7 +81,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             agreement = phase.agreement(rank)
             agreed_count = (
                 agreement.num_tokens_across_dp[rank]
-                if agreement is not None and agreement.eager is False
+                if agreement is not None and agreement.eager is not True
                 else None
             )
             reason = shortfall(phase.inputs(rank), phase.descriptor(rank), agreed_count)
