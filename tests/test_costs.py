@@ -570,6 +570,7 @@ def test_an_unsafe_policy_is_never_best_however_cheap() -> None:
     assert best_columns(padding, costs, ("cheap", "dearer")) == set()
 
 
+@pytest.mark.release
 def test_known_findings_match_only_unmodified_releases(tmp_path: Path) -> None:
     from dpsim.known import known_finding
 
