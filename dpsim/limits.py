@@ -12,6 +12,9 @@ number enters (policy, counterexample, workload, CLI), all through
 from __future__ import annotations
 
 import reprlib
+from pathlib import Path
+
+from dpsim.errors import UsageError
 
 __all__ = [
     "MAX_CAPTURE_ENTRIES",
@@ -29,6 +32,7 @@ __all__ = [
     "MAX_UBATCHES",
     "MAX_WORKLOAD_REQUESTS",
     "int_problem",
+    "read_bounded_text",
     "shown",
 ]
 
@@ -124,3 +128,24 @@ def shown(value: object) -> str:
 _SHORT = reprlib.Repr()
 _SHORT.maxlevel = 3
 _SHORT.maxstring = _SHORT.maxother = 40
+
+
+def read_bounded_text(path: Path, most: int, kind: str, error: type[UsageError]) -> str:
+    """The UTF-8 text of the ``kind`` at ``path``, or ``error`` in one line.
+
+    The size is checked before the file is read, so one far past ``most`` is
+    refused without being read into memory.
+    """
+    try:
+        size = path.stat().st_size
+        if size > most:
+            raise error(f"{path}: {size:,} bytes; a {kind} is at most {most:,}")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise error(f"{path}: no such {kind}") from None
+    except UnicodeDecodeError as exc:
+        raise error(
+            f"{path}: not UTF-8 text (byte {exc.start}); a {kind} is UTF-8"
+        ) from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None

@@ -218,7 +218,7 @@ def test_trace_errors_name_file_and_line(line: str, message: str) -> None:
 def test_trace_without_work_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(WorkloadError, match="no step with work"):
         parse_trace(['{"ranks": [[], []]}'], "t.jsonl")
-    with pytest.raises(WorkloadError, match="no such workload file"):
+    with pytest.raises(WorkloadError, match="no such trace file"):
         resolve_workload(str(tmp_path / "missing.jsonl"), 2, 10, 0)
     with pytest.raises(WorkloadError, match="unknown workload 'heavy'"):
         resolve_workload("heavy", 2, 10, 0)
@@ -324,7 +324,7 @@ def test_a_trace_is_bounded_in_steps_requests_and_bytes(
 def test_a_non_utf8_trace_is_one_line(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_bytes(b'{"ranks": [[1]]}\n# caf\xe9\n')
-    with pytest.raises(WorkloadError, match=r"^.*t\.jsonl: cannot read: 'utf-8'"):
+    with pytest.raises(WorkloadError, match=r"^.*t\.jsonl: not UTF-8 text \(byte 22\)"):
         resolve_workload(str(trace), 1, 10, 0)
 
 

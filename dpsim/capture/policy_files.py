@@ -70,7 +70,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dpsim.limits import MAX_POLICY_BYTES
+from dpsim.limits import MAX_POLICY_BYTES, read_bounded_text
 from dpsim.records.policy import CapturePolicy, PolicyError
 
 __all__ = ["check_ceiling", "load_policy", "to_json", "to_toml"]
@@ -90,22 +90,7 @@ def load_policy(path: str | Path) -> CapturePolicy:
         raise PolicyError(
             f"{path}: unknown policy file type {suffix!r}; use .json or .toml"
         )
-    try:
-        size = path.stat().st_size
-        if size > MAX_POLICY_BYTES:
-            raise PolicyError(
-                f"{path}: {size:,} bytes; a policy file is at most {MAX_POLICY_BYTES:,}"
-            )
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PolicyError(f"{path}: no such policy file") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyError(
-            f"{path}: not UTF-8 text (byte {exc.start}); JSON and TOML policies "
-            "are UTF-8"
-        ) from None
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = read_bounded_text(path, MAX_POLICY_BYTES, "policy file", PolicyError)
     try:
         data = json.loads(text) if suffix == ".json" else tomllib.loads(text)
     except json.JSONDecodeError as exc:

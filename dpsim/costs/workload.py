@@ -63,6 +63,7 @@ from dpsim.limits import (
     MAX_RANKS,
     MAX_TRACE_BYTES,
     MAX_WORKLOAD_REQUESTS,
+    read_bounded_text,
     shown,
 )
 
@@ -426,17 +427,7 @@ def parse_trace(lines: Iterable[str], source: str) -> Workload:
 def load_trace(path: str | Path) -> Workload:
     """Read a JSONL trace file (see the module docstring for the format)."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_TRACE_BYTES:
-            raise WorkloadError(
-                f"{path}: {size:,} bytes; a trace file is at most {MAX_TRACE_BYTES:,}"
-            )
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: no such workload file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise WorkloadError(f"{path}: cannot read: {error}") from None
+    text = read_bounded_text(path, MAX_TRACE_BYTES, "trace file", WorkloadError)
     return parse_trace(text.splitlines(), str(path))
 
 
