@@ -54,11 +54,18 @@ class Allowance:
 
     #: Bytes of private writable memory (RLIMIT_DATA); None: no limit.
     memory: int | None
-    #: CPU seconds for loading the target, and then per case.
-    cpu_seconds: int
+    #: CPU seconds for loading the target, and then per case; None: no limit.
+    cpu_seconds: int | None
 
     def describe_memory(self) -> str:
         return "no limit" if self.memory is None else format_size(self.memory)
+
+
+#: No limits: the child process alone, so that a target ending the process is
+#: reported. For commands whose child starts workers of its own (``mutate``):
+#: those inherit the child's limits, and a CPU-time limit, which counts each
+#: process's own time from its start, would cut a long worker short.
+NO_LIMITS = Allowance(memory=None, cpu_seconds=None)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,8 +90,19 @@ def from_arguments(arguments: argparse.Namespace) -> Allowance:
     """The allowance ``--memory-limit`` / ``--cpu-limit`` ask for, checked."""
     if arguments.cpu_limit < 1:
         raise UsageError("--cpu-limit must be at least 1 second")
-    if arguments.memory_limit is not None:
-        memory = parse_size(arguments.memory_limit, "--memory-limit")
+    return _allowance(arguments.memory_limit, arguments.cpu_limit)
+
+
+def from_environment() -> Allowance:
+    """The allowance where there are no flags (the pytest suite): the defaults,
+    with the memory from ``$DPSIM_MEMORY_LIMIT`` where it is set."""
+    return _allowance(None, DEFAULT_CPU_SECONDS)
+
+
+def _allowance(memory_limit: str | None, cpu_seconds: int) -> Allowance:
+    memory: int | None
+    if memory_limit is not None:
+        memory = parse_size(memory_limit, "--memory-limit")
     elif os.environ.get(MEMORY_ENV):
         memory = parse_size(os.environ[MEMORY_ENV], MEMORY_ENV)
     else:
@@ -96,7 +114,7 @@ def from_arguments(arguments: argparse.Namespace) -> Allowance:
                 f"a memory limit of {format_size(memory)} is below what dpsim "
                 f"itself already uses ({format_size(used)})"
             )
-    return Allowance(memory=memory, cpu_seconds=arguments.cpu_limit)
+    return Allowance(memory=memory, cpu_seconds=cpu_seconds)
 
 
 def parse_size(text: str, where: str) -> int | None:
@@ -161,6 +179,8 @@ def apply(allowance: Allowance) -> None:
         if hard != resource.RLIM_INFINITY:
             soft = min(soft, hard)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    if allowance.cpu_seconds is None:
+        return
     _cpu = (allowance.cpu_seconds, resource.getrlimit(resource.RLIMIT_CPU)[1])
     case_started()
 

@@ -38,6 +38,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -58,18 +59,25 @@ _EXIT_UNCAUGHT = 1
 _READ_SIZE = 1 << 16
 
 
-def run_isolated(
-    work: Callable[[], int], *, allowance: Allowance, json_errors: bool = False
-) -> int:
-    """Run ``work`` in a child under ``allowance``; relay its output and status.
+@dataclass(frozen=True)
+class ChildResult:
+    """How a child that ran ``work`` ended, and what it had to say."""
 
-    With ``json_errors``, a run that ends in an error with nothing on stdout
-    prints ``{"verdict": "error", "message": ...}`` there, so a ``--json``
-    reader always gets a verdict.
+    code: int
+    #: The one-line error it ended with (None for a verdict).
+    error: str | None
+    stdout: str
+    stderr: str
 
-    Ctrl-C reaches the child too (the terminal signals the whole process
-    group): the parent keeps waiting for what the child reports. A second
-    Ctrl-C while it waits kills the child.
+
+def run_in_child(work: Callable[[], int], *, allowance: Allowance) -> ChildResult:
+    """Run ``work`` in a forked child under ``allowance``; what came back.
+
+    A child that ends without reporting (it exited, crashed or was killed)
+    comes back with :data:`EXIT_NO_VERDICT` and :func:`died`'s reason, never
+    with a status of its own choosing. Ctrl-C reaches the child too (the
+    terminal signals the whole process group): the parent keeps waiting for
+    what the child reports. A second Ctrl-C while it waits kills the child.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -88,21 +96,31 @@ def run_isolated(
     sent = _decode(data)
     if sent is None and (interrupts.killed or _signal(status) == signal.SIGINT):
         # The second Ctrl-C (the first lets the child report): no error.
-        code, error = EXIT_INTERRUPTED, "interrupted"
-        stdout, stderr = "", "dpsim: interrupted\n"
-    elif sent is None:
-        code, error = EXIT_NO_VERDICT, died(status, allowance)
-        stdout, stderr = "", f"dpsim: error: {error}\n"
-    else:
-        code, error = sent["code"], sent["error"]
-        stdout, stderr = sent["stdout"], sent["stderr"]
-    sys.stderr.write(stderr)
+        return ChildResult(EXIT_INTERRUPTED, "interrupted", "", "dpsim: interrupted\n")
+    if sent is None:
+        error = died(status, allowance)
+        return ChildResult(EXIT_NO_VERDICT, error, "", f"dpsim: error: {error}\n")
+    return ChildResult(sent["code"], sent["error"], sent["stdout"], sent["stderr"])
+
+
+def run_isolated(
+    work: Callable[[], int], *, allowance: Allowance, json_errors: bool = False
+) -> int:
+    """Run ``work`` in a child (:func:`run_in_child`); relay its output and status.
+
+    With ``json_errors``, a run that ends in an error with nothing on stdout
+    prints ``{"verdict": "error", "message": ...}`` there, so a ``--json``
+    reader always gets a verdict.
+    """
+    result = run_in_child(work, allowance=allowance)
+    sys.stderr.write(result.stderr)
     sys.stderr.flush()
-    if json_errors and code != 0 and not stdout.strip():
-        stdout = json.dumps({"verdict": "error", "message": error}) + "\n"
+    stdout = result.stdout
+    if json_errors and result.code != 0 and not stdout.strip():
+        stdout = json.dumps({"verdict": "error", "message": result.error}) + "\n"
     sys.stdout.write(stdout)
     sys.stdout.flush()
-    return code
+    return result.code
 
 
 @contextlib.contextmanager

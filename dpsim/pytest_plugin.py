@@ -28,15 +28,23 @@ it never changes the settings of anyone else's tests.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import sys
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis.reporting import current_reporter
 
+from dpsim import allowances
 from dpsim.errors import UsageError
-from dpsim.suite.config import SuiteConfig, SuiteOptions, resolve
+from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
+from dpsim.suite.config import SUITE_TEST, SuiteConfig, SuiteOptions, resolve
 
 __all__ = ["SuiteConfig", "current_suite", "suite_options", "suite_settings"]
 
@@ -164,3 +172,65 @@ def current_suite() -> SuiteConfig:
 @pytest.fixture(scope="session")
 def dpsim_suite() -> SuiteConfig:
     return current_suite()
+
+
+#: A suite test's status, in its child, when it skipped.
+_SKIPPED = 3
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run each of the suite's scenario tests in a forked child.
+
+    The target is arbitrary code: one that calls ``os._exit(0)`` or crashes
+    in C, run in pytest's own process, would end the session with status 0
+    and no report, a pass CI would believe. In a child, such an end fails the
+    test with the reason (:mod:`dpsim.isolation`), under the same memory and
+    CPU allowances as ``dpsim check``. What Hypothesis noted in the child (its
+    statistics, its report lines) is handed to the parent's pytest plugin.
+    """
+    test = pyfuncitem.obj
+    if not getattr(test, SUITE_TEST, False):
+        return None
+    result = run_in_child(
+        functools.partial(_run_suite_test, test, pyfuncitem),
+        allowance=allowances.from_environment(),
+    )
+    sys.stderr.write(result.stderr)
+    if result.code == EXIT_INTERRUPTED:
+        raise KeyboardInterrupt
+    try:
+        sent = json.loads(result.stdout)
+    except ValueError:
+        sent = {"message": result.error}
+    if sent.get("statistics") is not None:
+        pyfuncitem.hypothesis_statistics = sent["statistics"]  # type: ignore[attr-defined]
+    for line in sent.get("reported") or ():
+        current_reporter()(line)
+    if result.code == _SKIPPED:
+        pytest.skip(sent["message"])
+    if result.code != 0:
+        pytest.fail(str(sent["message"]), pytrace=False)
+    return True
+
+
+def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
+    """In the child: the test's status; its message and Hypothesis' notes on stdout."""
+    code, message = 0, None
+    try:
+        with prints_to_stderr():
+            test()
+    except pytest.skip.Exception as skipped:
+        code, message = _SKIPPED, skipped.msg
+    except pytest.fail.Exception as failed:
+        code, message = 1, failed.msg
+    except Exception:
+        code, message = 1, traceback.format_exc()
+    reporter = current_reporter()
+    sent = {
+        "message": message,
+        "statistics": getattr(item, "hypothesis_statistics", None),
+        "reported": getattr(reporter, "results", None),
+    }
+    print(json.dumps(sent))
+    return code

@@ -80,6 +80,51 @@ def data_limit(headroom: int) -> str:
 # -- a target that ends the process ---------------------------------------------
 
 
+#: What every command says of a target that calls os._exit(0).
+ENDED = (
+    "the target ended the process (os._exit/exit status 0) "
+    "before dpsim reached a verdict"
+)
+
+
+@pytest.mark.release
+def test_mutate_on_a_target_that_ends_the_process_is_an_error_never_a_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The original target is loaded and checked in the command's own process.
+    target = tmp_path / "dp_utils.py"
+    target.write_text(injected("os._exit(0)"))
+    arguments = ["mutate", "--vllm", BASE, "--target", str(target), "--examples", "5"]
+    assert main([*arguments, "--workers", "0", "--json"]) == EXIT_NO_VERDICT
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"verdict": "error", "message": ENDED}
+    assert err.strip().splitlines() == [f"dpsim: error: {ENDED}"]
+
+
+@pytest.mark.release
+def test_the_pytest_suite_fails_on_a_target_that_ends_the_process(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "dp_utils.py"
+    target.write_text(injected("os._exit(0)"))
+    environment = {**os.environ, "DPSIM_VLLM": BASE, "DPSIM_TARGET": str(target)}
+    environment.pop("PYTEST_XDIST_WORKER", None)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "step"),
+            *("--pyargs", "dpsim.suite", "--dpsim-out", str(tmp_path / "out")),
+        ],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ENDED in done.stdout
+    assert "1 failed" in done.stdout
+
+
 @pytest.mark.release
 def test_sys_exit_in_the_sync_is_a_rank_error_and_a_failure(
     check: Callable, capsys: pytest.CaptureFixture[str]

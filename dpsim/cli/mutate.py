@@ -7,15 +7,18 @@ reached --min-score), 1 when some survived, 2 on a usage or target error.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from dpsim.allowances import NO_LIMITS
 from dpsim.cli import check_output_directory
 from dpsim.cli.check import add_target_arguments
 from dpsim.errors import UsageError
+from dpsim.isolation import run_isolated
 from dpsim.mutate import (
     DEFAULT_EXAMPLES,
     DEFAULT_SECONDS,
@@ -144,14 +147,26 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.min_score is not None and not 0 <= arguments.min_score <= 100:
         raise UsageError("--min-score must be a percentage, 0 to 100")
     if arguments.list:
-        return _list(arguments, operators)
-    budget = Budget(
-        examples=arguments.examples,
-        seed=arguments.seed,
-        ranks=parse_ranks(arguments.ranks),
-        profiles=tuple(dict.fromkeys(arguments.profile)) or PROFILES,
-        seconds=arguments.seconds,
-    )
+        work = functools.partial(_list, arguments, operators)
+    else:
+        budget = Budget(
+            examples=arguments.examples,
+            seed=arguments.seed,
+            ranks=parse_ranks(arguments.ranks),
+            profiles=tuple(dict.fromkeys(arguments.profile)) or PROFILES,
+            seconds=arguments.seconds,
+        )
+        work = functools.partial(_mutate, arguments, operators, budget)
+    # The original target runs in this command's process too (it is loaded,
+    # listed and checked there): isolated, so that one which ends the process
+    # is an error, never an exit 0 with nothing printed. No limits: the
+    # mutants' workers inherit them (see allowances.NO_LIMITS).
+    return run_isolated(work, allowance=NO_LIMITS, json_errors=arguments.json)
+
+
+def _mutate(
+    arguments: argparse.Namespace, operators: tuple[str, ...], budget: Budget
+) -> int:
     progress = _Progress() if sys.stderr.isatty() and not arguments.json else None
     try:
         report = mutate(

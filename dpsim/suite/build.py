@@ -22,7 +22,7 @@ from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
 from dpsim.scenarios import PolicyRefused, run_case
 from dpsim.scenarios.generate import cases, scenarios_for, seeded_draws_only
-from dpsim.suite.config import SuiteConfig
+from dpsim.suite.config import SUITE_TEST, SuiteConfig
 
 
 class PropertyFailed(AssertionError):
@@ -124,6 +124,7 @@ def scenario_test(
     # scenario built here, and pytest would add a path-dependent node id; a
     # fixed key is what lets every runner and checkout share one database.
     test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
+    setattr(test, SUITE_TEST, True)
     test.__name__ = test.__qualname__ = f"test_{scenario}"
     test.__doc__ = f"Every property holds in the {scenario} scenario."
     return test

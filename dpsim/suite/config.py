@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 #: replayed as unrelated cases.
 KEY_VERSION = 1
 
+#: The attribute that marks a function as one of the suite's scenario tests,
+#: which dpsim's pytest plugin runs in a child process.
+SUITE_TEST = "_dpsim_suite_test"
+
 
 @dataclass(frozen=True)
 class SuiteConfig:
