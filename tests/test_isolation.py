@@ -102,6 +102,39 @@ def test_mutate_on_a_target_that_ends_the_process_is_an_error_never_a_pass(
 
 
 @pytest.mark.release
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["targets", "--vllm", BASE, "--quiet"],
+        [
+            "policy",
+            "validate",
+            "docs/policies/pow2.toml",
+            "--vllm",
+            BASE,
+            "--steps",
+            "3",
+        ],
+    ],
+    ids=["targets", "policy validate"],
+)
+def test_other_commands_that_run_a_target_that_ends_the_process_say_so(
+    command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "dp_utils.py"
+    # At import for targets (loading is all it runs), in the sync for validate.
+    line = "os._exit(0)"
+    source = f"import os\n{line}\n" if command[0] == "targets" else injected(line)
+    target.write_text(source)
+    policy = Path(__file__).parent.parent / "docs" / "policies" / "pow2.toml"
+    command = [str(policy) if part.endswith("pow2.toml") else part for part in command]
+    if command[0] == "policy":
+        command += ["--out", str(tmp_path / "out")]
+    assert main([*command, "--target", str(target)]) == EXIT_NO_VERDICT
+    assert capsys.readouterr().err.strip().splitlines() == [f"dpsim: error: {ENDED}"]
+
+
+@pytest.mark.release
 def test_the_pytest_suite_fails_on_a_target_that_ends_the_process(
     tmp_path: Path,
 ) -> None:

@@ -10,11 +10,13 @@ when no policy broke a property, 1 when one did, 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dpsim import allowances
 from dpsim.capture.policy_files import load_policy
 from dpsim.capture.table import capture_table
 from dpsim.cex.findings import write_counterexamples
@@ -36,6 +38,7 @@ from dpsim.costs.safety import SafetyRun, check_policy, unsafe_policies
 from dpsim.costs.suggest import suggest_policy
 from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
+from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS, int_problem
 from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy, ManagerConfig
@@ -81,8 +84,17 @@ def run_show(arguments: argparse.Namespace) -> int:
     if problem is not None:
         raise UsageError(f"--dp {problem}")
     policy = load_policy(Path(arguments.policy))
-    target = load_target(arguments.vllm)
-    print(render_tables(target, policy, arguments.dp))
+    # The target's code runs to build its managers: isolated, as in check.
+    return run_isolated(
+        functools.partial(_show, arguments.vllm, policy, arguments.dp),
+        allowance=allowances.from_environment(),
+    )
+
+
+def _show(vllm: str | None, policy: CapturePolicy, dp_size: int) -> int:
+    with prints_to_stderr():
+        tables = render_tables(load_target(vllm), policy, dp_size)
+    print(tables)
     return 0
 
 
@@ -359,19 +371,36 @@ def _render_safety(runs: list[SafetyRun], written: dict[int, dict[str, Path]]) -
 
 
 def run_validate(arguments: argparse.Namespace) -> int:
-    from dpsim.costs.plots import write_html, write_plots
-
     if arguments.suggest is not None and arguments.suggest < 1:
         raise UsageError("--suggest: the budget must be at least 1 graph")
     check_output_directory(Path(arguments.out), "--out")
     policies = _named_policies(arguments.policies)
     # Before the target loads: a workload refused is refused at once.
     workloads = _workloads(arguments, policies)
-    target = load_target(arguments.vllm, arguments.target)
-    if arguments.suggest is not None:
-        policies.append(_suggested(target, policies[0], workloads, arguments.suggest))
-    dp_sizes = tuple(workload.dp_size for workload in workloads)
-    runs = _safety(target, arguments, policies, dp_sizes)
+    # The target's code runs here as in check: isolated, so that one which
+    # ends the process is an error, never an exit 0 with nothing printed.
+    return run_isolated(
+        functools.partial(_validate, arguments, policies, workloads),
+        allowance=allowances.from_environment(),
+        json_errors=arguments.json,
+    )
+
+
+def _validate(
+    arguments: argparse.Namespace,
+    policies: list[NamedPolicy],
+    workloads: list[Workload],
+) -> int:
+    from dpsim.costs.plots import write_html, write_plots
+
+    with prints_to_stderr():
+        target = load_target(arguments.vllm, arguments.target)
+        if arguments.suggest is not None:
+            policies.append(
+                _suggested(target, policies[0], workloads, arguments.suggest)
+            )
+        dp_sizes = tuple(workload.dp_size for workload in workloads)
+        runs = _safety(target, arguments, policies, dp_sizes)
     out = Path(arguments.out)
     out.mkdir(parents=True, exist_ok=True)
     written = {
@@ -380,9 +409,9 @@ def run_validate(arguments: argparse.Namespace) -> int:
     safety_text = _render_safety(runs, written)
     failed = any(run.finding is not None for run in runs)
     try:
-        comparison: Comparison = replace(
-            compare(target, policies, workloads), unsafe=unsafe_policies(runs)
-        )
+        with prints_to_stderr():
+            measured = compare(target, policies, workloads)
+        comparison: Comparison = replace(measured, unsafe=unsafe_policies(runs))
     except NothingMeasured as nothing:
         if not failed:
             raise

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any
 
+from dpsim import allowances
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
+from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import (
     cache_entries,
@@ -78,10 +81,21 @@ def run(arguments: argparse.Namespace) -> int:
             print(f"no releases cached in {cache_root()}; name some, e.g. 0.33.0")
             return 0
         requests.extend((name, None) for name in names)
+    # Loading runs the target's code: isolated, as in check.
+    return run_isolated(
+        functools.partial(_show, arguments, requests),
+        allowance=allowances.from_environment(),
+    )
+
+
+def _show(
+    arguments: argparse.Namespace, requests: list[tuple[str | None, str | None]]
+) -> int:
     failures = 0
     for vllm, target_file in requests:
         try:
-            target = load_target(vllm, target_file)
+            with prints_to_stderr():
+                target = load_target(vllm, target_file)
         except UsageError as error:
             failures += 1
             print(f"dpsim: error: {error}", file=sys.stderr)
