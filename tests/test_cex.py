@@ -636,3 +636,34 @@ def test_a_ubatch_regression_test_skips_on_a_release_without_microbatching(
     monkeypatch.setenv("DPSIM_VLLM", "0.29.0")
     with pytest.raises(pytest.skip.Exception, match="has no 'ubatch' scenario"):
         function()
+
+
+def test_replay_says_when_a_caller_case_has_a_policy_its_release_never_builds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file from before the caller profile drew only buildable tables: LoRA
+    capture cases [1] (vLLM's always include 0) under the caller profile."""
+    from dataclasses import replace
+
+    from dpsim.properties import judge
+    from dpsim.scenarios import run_case
+
+    target = load_target("0.33.0")
+    built = []
+    for name, cases in (("without-lora", None), ("lora-1", (1,))):
+        policy = replace(faulty.POLICY, lora_capture_cases=cases)
+        case = replace(faulty.step_case(2, 1, profile="caller"), policy=policy)
+        result = run_case(target, case)
+        counterexample = files.build(
+            target, case, result, tuple(judge(case, result)), ("no-hang",)
+        )
+        built.append(cex.write(counterexample, tmp_path / name))
+    buildable, unbuildable = built
+    main(["replay", str(buildable), "--json"])
+    assert json.loads(capsys.readouterr().out)["caller_policy_unbuildable"] is None
+    main(["replay", str(unbuildable)])
+    assert (
+        "note: the case claims the caller profile, but vllm 0.33.0 would not "
+        "build its policy (LoRA cases [1] are no LoRA configuration's): read it "
+        "as a contract-profile case"
+    ) in capsys.readouterr().out

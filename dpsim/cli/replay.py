@@ -18,8 +18,10 @@ from typing import Any
 from dpsim import allowances, cex
 from dpsim.cli import add_command
 from dpsim.cli.check import add_target_arguments
+from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.properties import Evidence
+from dpsim.records.case import Case
 from dpsim.replay import (
     BACKENDS,
     HOLDS,
@@ -38,6 +40,8 @@ from dpsim.replay import (
 )
 from dpsim.replay.lane import DEFAULT_TIMEOUT_S
 from dpsim.report import render_case_run, table
+from dpsim.targets.buildable import rules_of
+from dpsim.targets.load import Target
 from dpsim.terminal import printable
 
 HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
@@ -113,6 +117,7 @@ def _replay(
         target = load_chosen(counterexample, chosen).target
         rerun = replay_in_sim(counterexample, target)
         status = compare(counterexample, rerun)
+        unbuildable = _unbuildable(counterexample.case, target)
     lane: LaneRun | None = None
     differences: tuple[str, ...] = ()
     if arguments.backend != "sim":
@@ -136,6 +141,7 @@ def _replay(
         status,
         lane,
         differences,
+        unbuildable,
     )
     if arguments.json:
         print(json.dumps(_summary(replayed), sort_keys=True))
@@ -158,6 +164,24 @@ class Replayed:
     status: str
     lane: LaneRun | None
     differences: tuple[str, ...]
+    #: Why the target's release would not build the policy of a case that
+    #: claims the caller profile; None when it would (or the case is contract).
+    unbuildable: str | None = None
+
+
+def _unbuildable(case: Case, target: Target) -> str | None:
+    """Why ``target``'s release would not build a caller-profile case's policy.
+
+    Files written before the caller profile drew only buildable tables may
+    claim it for a table vLLM never builds: a failure there is not a finding
+    of the caller profile, and the reader is told so.
+    """
+    if case.profile != "caller":
+        return None
+    try:
+        return rules_of(target).unbuildable(case.policy)
+    except UsageError as error:
+        return f"cannot tell whether it builds the policy: {error}"
 
 
 _STATUS_LINES = {
@@ -193,6 +217,12 @@ def _render(replayed: Replayed) -> str:
             + printable("; ".join(str(verdict) for verdict in rerun.verdicts)),
         ),
     ]
+    if replayed.unbuildable is not None:
+        lines.append(
+            f"note: the case claims the caller profile, but {printable(rerun.target.label)} "
+            f"would not build its policy ({printable(replayed.unbuildable)}): "
+            "read it as a contract-profile case"
+        )
     if lane is not None:
         lines.extend(["", *_render_lane(lane, replayed.differences)])
     return "\n".join(lines)
@@ -266,6 +296,7 @@ def _summary(replayed: Replayed) -> dict[str, Any]:
         "outcome": rerun.result.outcome.value,
         "verdicts": [verdict.to_dict() for verdict in rerun.verdicts],
         "diverged": rerun.diverged,
+        "caller_policy_unbuildable": replayed.unbuildable,
     }
     if lane is not None:
         summary["lane"] = {
