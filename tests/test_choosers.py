@@ -18,13 +18,8 @@ from hypothesis import strategies as st
 from simprograms import ReduceOp, all_reduce_rank_value, dist, dp_cpu
 
 from dpsim import sim
-from dpsim.sim import (
-    HypothesisChooser,
-    Outcome,
-    ReplayChooser,
-    SimResult,
-    simulate,
-)
+from dpsim.records.trace import Outcome, SimResult
+from dpsim.sim import HypothesisChooser, ReplayChooser, simulate
 
 # -- determinism, exploration, replay ------------------------------------------------------
 

@@ -12,11 +12,8 @@ import torch
 import torch.distributed
 from simprograms import ReduceOp, dist, dp_cpu, group
 
-from dpsim.sim import (
-    Outcome,
-    RankState,
-    simulate,
-)
+from dpsim.records.trace import Outcome, RankState
+from dpsim.sim import simulate
 from dpsim.targets import runtime
 
 # -- async ---------------------------------------------------------------------------

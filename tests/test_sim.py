@@ -13,9 +13,8 @@ import torch.distributed
 from simprograms import ReduceOp, all_reduce_rank_value, dist, dp_cpu, group
 
 from dpsim import sim
+from dpsim.records.trace import Outcome, RankState
 from dpsim.sim import (
-    Outcome,
-    RankState,
     ReplayChooser,
     ReplayDivergedError,
     render_table,

@@ -7,7 +7,7 @@ installed (``dpsim.targets.runtime``) so loaded targets' ``torch.distributed``,
 collectives. It returns a :class:`SimResult`: the outcome, one
 :class:`RankTrace` per rank, and the scheduling choices that replay the run.
 The trace's types and the group names belong to both lanes and live in
-:mod:`dpsim.records`; they are re-exported here as the simulator's results.
+:mod:`dpsim.records`, imported from there (one path to each name).
 
 Process groups, by name (all span every rank unless ``groups=`` says
 otherwise; declare more as name -> member ranks):
@@ -34,27 +34,6 @@ answered instantly from a recorded run (``InstantWorld``): the overhead the
 simulator adds over the target's own cost.
 """
 
-from dpsim.records.groups import (
-    DEFAULT_GROUP_NAMES,
-    DP_CPU_GROUP,
-    DP_DEVICE_GROUP,
-    EP_GROUP,
-    WORLD_GROUP,
-)
-from dpsim.records.trace import (
-    OUTCOME_PRECEDENCE,
-    CollectiveRecord,
-    ErrorInfo,
-    Event,
-    IncompleteCollective,
-    Outcome,
-    Peer,
-    RankState,
-    RankTrace,
-    Signature,
-    SimResult,
-    WaitInfo,
-)
 from dpsim.sim.choosers import (
     LOWEST_FIRST,
     Chooser,
@@ -83,39 +62,22 @@ from dpsim.sim.world import (
 )
 
 __all__ = [
-    "DEFAULT_GROUP_NAMES",
     "DEFAULT_STEP_BUDGET",
-    "DP_CPU_GROUP",
-    "DP_DEVICE_GROUP",
-    "EP_GROUP",
     "LOWEST_FIRST",
-    "OUTCOME_PRECEDENCE",
-    "WORLD_GROUP",
     "Chooser",
-    "CollectiveRecord",
-    "ErrorInfo",
-    "Event",
     "GroupCoordinatorView",
     "HypothesisChooser",
-    "IncompleteCollective",
     "InstantWorld",
     "LowestFirst",
-    "Outcome",
-    "Peer",
     "Program",
-    "RankState",
-    "RankTrace",
     "ReplayChooser",
     "ReplayDivergedError",
     "SchedulerError",
-    "Signature",
     "SimCollectives",
     "SimProcessGroup",
-    "SimResult",
     "SimWork",
     "SimWorld",
     "StepBudgetExceeded",
-    "WaitInfo",
     "current_rank",
     "current_world",
     "measure_overhead",
