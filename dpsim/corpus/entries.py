@@ -7,6 +7,7 @@ instead (new text); keep them small enough to read as a code-review diff.
 
 from __future__ import annotations
 
+from dpsim.corpus.entries_v1 import V1_ENTRIES
 from dpsim.corpus.model import (
     AGREED_FOR_PER_RANK,
     COLLECTIVE_SKIPPED,
@@ -597,4 +598,4 @@ WITNESSES: tuple[FaultyTarget, ...] = (
     ),
 )
 
-CORPUS: tuple[FaultyTarget, ...] = ISSUES + WITNESSES
+CORPUS: tuple[FaultyTarget, ...] = ISSUES + WITNESSES + V1_ENTRIES

@@ -17,10 +17,13 @@ from dpsim.records.policy import CapturePolicy
 
 _HERE = Path(__file__).resolve().parent
 
-#: Reference name -> (file, the vLLM release whose API it has).
-REFERENCES: dict[str, tuple[str, str]] = {
-    "v29": ("reference_v29.py", "0.29.0"),
-    "v33": ("reference_v33.py", "0.33.0"),
+#: Reference name -> (file, the vLLM release whose API it has, the runner whose
+#: sync it replaces: ``v2``'s ``dispatch_cg_and_sync_dp`` or ``v1``'s
+#: ``coordinate_batch_across_dp``).
+REFERENCES: dict[str, tuple[str, str, str]] = {
+    "v29": ("reference_v29.py", "0.29.0", "v2"),
+    "v33": ("reference_v33.py", "0.33.0", "v2"),
+    "v1-v33": ("reference_v1_v33.py", "0.33.0", "v1"),
 }
 
 # Bug classes, in the words of UPSTREAM_BUGS.md.
@@ -102,6 +105,11 @@ class FaultyTarget:
         return REFERENCES[self.reference][1]
 
     @property
+    def runner(self) -> str:
+        """The model runner whose sync the faulty file replaces (``--runner``)."""
+        return REFERENCES[self.reference][2]
+
+    @property
     def designated(self) -> str:
         return self.caught_by[0]
 
@@ -111,7 +119,7 @@ class FaultyTarget:
 
 
 def reference_path(name: str) -> Path:
-    """The correct twin ``name`` ("v29" or "v33") as a loadable file."""
+    """The correct twin ``name`` (a key of :data:`REFERENCES`) as a loadable file."""
     if name not in REFERENCES:
         raise CorpusError(f"unknown reference {name!r}; known: {', '.join(REFERENCES)}")
     return _HERE / REFERENCES[name][0]
@@ -151,12 +159,14 @@ def materialize(entry: FaultyTarget, directory: Path) -> Path:
 
 def _module_docstring(entry: FaultyTarget) -> str:
     upstream = ", ".join(entry.upstream)
+    # V2 is the default runner of the references' releases: only V1 needs naming.
+    runner = f" --runner {entry.runner}" if entry.runner != "v2" else ""
     return (
         f"Faulty target {entry.name!r} (dpsim corpus): {entry.docstring}\n\n"
         f"Bug class: {entry.bug_class}. Modelled on: {upstream}.\n"
         f"Expected to fail: {', '.join(entry.caught_by)} "
         f"(scenario {entry.scenario}). Made from dpsim/corpus/"
-        f"{REFERENCES[entry.reference][0]}; run with --vllm {entry.vllm}.\n"
+        f"{REFERENCES[entry.reference][0]}; run with --vllm {entry.vllm}{runner}.\n"
     )
 
 
