@@ -273,11 +273,11 @@ def test_a_refetch_that_fails_leaves_the_entry_as_it_was(
 @pytest.mark.parametrize(
     "argv",
     [
-        ["targets", "0.17.0"],
-        ["targets", "0.14.1"],
-        ["targets", "--fetch", "0.17.0"],
-        ["targets", "--refetch", "0.15.0"],
-        ["check", "--vllm", "0.16.0", "--examples", "1"],
+        ["targets", "0.11.0"],
+        ["targets", "0.10.2"],
+        ["targets", "--fetch", "0.11.0"],
+        ["targets", "--refetch", "0.9.2"],
+        ["check", "--vllm", "0.10.0", "--examples", "1"],
     ],
 )
 def test_a_release_dpsim_would_refuse_is_refused_before_its_download(
@@ -287,8 +287,8 @@ def test_a_release_dpsim_would_refuse_is_refused_before_its_download(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     err = _refusal(capsys, argv)
-    assert "is older than dpsim supports (0.18.0 and later)" in err
-    assert "the vLLM 0.15-0.17 API" in err
+    assert "is older than dpsim supports (0.11.1 and later with the V1 runner" in err
+    assert "get_dp_padding" in err
     assert downloads.calls == []
     assert not cache.exists()
 

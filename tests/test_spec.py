@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from dpsim.cli import main
-from dpsim.errors import TargetError
+from dpsim.errors import TargetError, UsageError
 from dpsim.targets.spec import (
     OLDEST_RELEASE,
+    OLDEST_V1_RELEASE,
     TargetSpec,
     check_release,
     parse_target,
@@ -53,7 +54,7 @@ def test_a_directory_as_target_points_at_the_dp_utils_inside_it(
 
 def test_a_file_as_target_still_parses(tmp_path: Path) -> None:
     mine = tmp_path / "dp_utils.py"
-    mine.write_text("")
+    mine.write_text("def dispatch_cg_and_sync_dp(manager, num_reqs):\n    pass\n")
     assert parse_target("0.29.0", mine) == TargetSpec(
         parse_target("0.29.0").base, mine.resolve()
     )
@@ -62,11 +63,128 @@ def test_a_file_as_target_still_parses(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", ["0.18.0", "0.18.0rc1", "0.33.0", "1.0"])
 def test_releases_from_the_oldest_supported_on_pass_the_gate(version: str) -> None:
     assert check_release(version) == version
+    assert check_release(version, "v2") == version
+    assert check_release(version, "v1") == version
 
 
-@pytest.mark.parametrize("version", ["0.17.0", "0.17.1.post1", "0.15.0", "0.9.2"])
-def test_releases_older_than_the_oldest_supported_are_refused(version: str) -> None:
+@pytest.mark.parametrize("version", ["0.11.1", "0.11.2", "0.12.0", "0.17.1.post1"])
+def test_releases_with_only_the_v1_runners_sync_pass_the_gate_for_v1(
+    version: str,
+) -> None:
+    assert check_release(version) == version
+    assert check_release(version, "v1") == version
     with pytest.raises(
-        TargetError, match=f"older than dpsim supports .{OLDEST_RELEASE}"
+        TargetError,
+        match=f"older than dpsim supports with the V2 runner .{OLDEST_RELEASE}",
     ):
-        check_release(version)
+        check_release(version, "v2")
+
+
+@pytest.mark.parametrize("version", ["0.11.0", "0.10.2", "0.9.2", "0.11.0.post1"])
+@pytest.mark.parametrize("runner", [None, "v1", "v2"])
+def test_releases_older_than_the_oldest_supported_are_refused(
+    version: str, runner: str | None
+) -> None:
+    with pytest.raises(
+        TargetError,
+        match=f"older than dpsim supports .{OLDEST_V1_RELEASE} and later with the V1",
+    ):
+        check_release(version, runner)
+
+
+def test_an_unknown_runner_is_refused_in_one_line() -> None:
+    with pytest.raises(UsageError, match="unknown runner 'v3': choose v1") as refused:
+        parse_target("0.33.0", runner="v3")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("version", "runner"),
+    [("0.11.1", "v1"), ("0.17.1", "v1"), ("0.18.0", "v2"), ("0.33.0", "v2")],
+)
+def test_a_release_defaults_to_the_v2_runner_where_it_has_v2s_sync(
+    version: str, runner: str
+) -> None:
+    assert parse_target(version).runner == runner
+    assert parse_target(version, runner="v1").runner == "v1"
+
+
+def test_a_v2_spec_writes_what_it_wrote_before_runners_and_v1_says_its_runner(
+    tmp_path: Path,
+) -> None:
+    assert parse_target("0.33.0").to_dict() == {
+        "kind": "release",
+        "base": "0.33.0",
+        "dp_utils_file": None,
+    }
+    caller = tmp_path / "gpu_model_runner.py"
+    caller.write_text("")
+    assert parse_target("0.33.0", caller_file=caller).to_dict() == {
+        "kind": "release",
+        "base": "0.33.0",
+        "dp_utils_file": None,
+        "runner": "v1",
+        "caller_file": str(caller.resolve()),
+    }
+
+
+def _file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "dp_utils.py"
+    path.write_text(text)
+    return path
+
+
+def test_a_file_target_without_a_runner_gets_the_runner_its_sync_belongs_to(
+    tmp_path: Path,
+) -> None:
+    v1 = _file(
+        tmp_path, "def coordinate_batch_across_dp(num_tokens_unpadded):\n  pass\n"
+    )
+    assert parse_target("0.33.0", v1).runner == "v1"
+    v2 = _file(tmp_path, "def sync_cudagraph_and_dp_padding(m, d):\n  pass\n")
+    assert parse_target("0.33.0", v2).runner == "v2"
+
+
+def test_a_file_target_of_neither_runner_is_refused_before_any_fetch(
+    tmp_path: Path,
+) -> None:
+    other = _file(tmp_path, "def helper():\n    return 1\n")
+    with pytest.raises(TargetError, match="defines neither coordinate_batch_across_dp"):
+        parse_target("0.99.1", other)
+
+
+def test_a_file_target_of_the_other_runner_is_refused_naming_the_right_one(
+    tmp_path: Path,
+) -> None:
+    v2 = _file(tmp_path, "def dispatch_cg_and_sync_dp(m, n):\n  pass\n")
+    with pytest.raises(TargetError, match=r"not the V1 runner's \(pass --runner v2\)"):
+        parse_target("0.33.0", v2, runner="v1")
+
+
+def test_a_caller_file_is_for_the_v1_runner_only(tmp_path: Path) -> None:
+    caller = tmp_path / "gpu_model_runner.py"
+    caller.write_text("")
+    assert parse_target("0.33.0", caller_file=caller).runner == "v1"
+    with pytest.raises(TargetError, match="only the V1 runner has a caller"):
+        parse_target("0.33.0", runner="v2", caller_file=caller)
+    with pytest.raises(TargetError, match=r"--caller-file nope\.py: no such file"):
+        parse_target("0.33.0", caller_file="nope.py")
+
+
+@pytest.mark.parametrize(
+    ("layout", "has", "lacks"),
+    [
+        ("v1/worker/dp_utils.py", "v1", "v2"),
+        ("v1/worker/gpu/dp_utils.py", "v2", "v1"),
+    ],
+)
+def test_a_tree_defaults_to_the_runner_it_has_and_refuses_the_other(
+    tmp_path: Path, layout: str, has: str, lacks: str
+) -> None:
+    package = tmp_path / "vllm"
+    (package / layout).parent.mkdir(parents=True)
+    entry = "coordinate_batch_across_dp" if has == "v1" else "dispatch_cg_and_sync_dp"
+    (package / layout).write_text(f"def {entry}(a):\n    pass\n")
+    assert parse_target(str(tmp_path)).runner == has
+    with pytest.raises(TargetError, match=f"the {lacks.upper()} runner's DP sync"):
+        parse_target(str(tmp_path), runner=lacks)

@@ -82,7 +82,11 @@ class Descriptor(_WithMode):
 class Agreement:
     """What a sync call agreed, whether the version returns a ``DPSyncState`` or a tensor.
 
-    Fields the version does not report are None.
+    Fields the version does not report are None. ``cg_mode`` and ``ubatch``
+    are the V1 runner's: the cudagraph mode ``coordinate_batch_across_dp``
+    synced (0.13 and later) and whether it decided to microbatch. Their JSON
+    keys are written only when set, so a V2 agreement reads and writes exactly
+    as it did before V1 existed.
     """
 
     num_tokens_across_dp: tuple[int, ...]
@@ -90,18 +94,32 @@ class Agreement:
     eager: bool | None = None
     num_reqs: int | None = None
     skip_drafts: bool | None = None
+    cg_mode: CudagraphMode | None = None
+    ubatch: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = _json_fields(self)
         data["num_tokens_across_dp"] = list(self.num_tokens_across_dp)
+        for optional in _V1_AGREEMENT_FIELDS:
+            if data[optional] is None:
+                del data[optional]
+        if self.cg_mode is not None:
+            data["cg_mode"] = self.cg_mode.value
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Agreement:
-        agreement = _filled(cls, data)
+        complete = {name: None for name in _V1_AGREEMENT_FIELDS} | data
+        agreement = _filled(cls, complete)
         counts = tuple(data["num_tokens_across_dp"])
         agreement.__dict__["num_tokens_across_dp"] = counts
+        if complete["cg_mode"] is not None:
+            agreement.__dict__["cg_mode"] = _MODES[complete["cg_mode"]]
         return agreement
+
+
+#: Agreement fields only the V1 runner reports, absent from JSON when None.
+_V1_AGREEMENT_FIELDS = ("cg_mode", "ubatch")
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,14 @@ class SyncAPI:
             dp_rank,
         )
 
+    def describe(self, native: Any) -> Descriptor:
+        """This version's descriptor as plain values (:func:`describe`)."""
+        return describe(native)
+
+    def agreement(self, native: Any) -> Agreement | None:
+        """This version's agreement as plain values (:func:`agreement_of`)."""
+        return agreement_of(native)
+
     def unsupported_input(self, inputs: SyncInputs) -> str | None:
         """The first input set away from its default that this sync cannot take."""
         for name, feature in _OPTIONAL_INPUTS.items():

@@ -20,6 +20,7 @@ from typing import Any
 from dpsim.errors import TargetError
 from dpsim.records.policy import CudagraphMode, ManagerConfig, Microbatching
 from dpsim.targets import adapters
+from dpsim.targets.api import TargetAPI
 from dpsim.targets.cache import cache_root, ensure_release
 from dpsim.targets.manager import ParallelConfigStandIn, build_manager
 from dpsim.targets.shim import LoadedFile, ModuleLoader
@@ -29,6 +30,12 @@ from dpsim.targets.standins import STAND_INS
 DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
 CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 COMPILATION_MODULE = "vllm.config.compilation"
+#: The V1 runner's sync, its dispatcher, its descriptors, and the module whose
+#: file the V1 caller method is taken from (never executed as a module).
+V1_DP_UTILS_MODULE = "vllm.v1.worker.dp_utils"
+V1_DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
+FORWARD_CONTEXT_MODULE = "vllm.forward_context"
+V1_CALLER_MODULE = "vllm.v1.worker.gpu_model_runner"
 # ``__version__ = version = '0.29.0'`` as setuptools-scm writes it, or simpler.
 _VERSION_LINE = re.compile(r"""^(?:__version__|version)\b.*?['"]([^'"]+)['"]""", re.M)
 
@@ -46,7 +53,12 @@ class Target:
     dp_utils: ModuleType = field(repr=False)
     cudagraph_utils: ModuleType = field(repr=False)
     compilation: ModuleType = field(repr=False)
-    api: adapters.SyncAPI = field(repr=False)
+    api: TargetAPI = field(repr=False)
+
+    @property
+    def runner(self) -> str:
+        """The model runner whose sync this is: "v1" or "v2"."""
+        return self.spec.runner
 
     @property
     def label(self) -> str:
@@ -104,18 +116,28 @@ _loaded: dict[tuple[Any, ...], Target] = {}
 
 
 def load_target(
-    vllm: str | None = None, target_file: str | Path | None = None
+    vllm: str | None = None,
+    target_file: str | Path | None = None,
+    runner: str | None = None,
+    caller_file: str | Path | None = None,
 ) -> Target:
     """Load ``--vllm SPEC`` (default: the newest supported release), optionally
-    with ``--target FILE`` replacing its ``dp_utils.py``."""
-    return load_spec(parse_target(vllm, target_file))
+    with ``--target FILE`` replacing its runner's ``dp_utils.py``, for
+    ``runner`` (default: see :func:`~dpsim.targets.spec.parse_target`), with
+    ``caller_file`` replacing V1's ``gpu_model_runner.py``."""
+    return load_spec(parse_target(vllm, target_file, runner, caller_file))
 
 
 def load_spec(spec: TargetSpec) -> Target:
     # A release's files live in the cache in use; a different cache is a
     # different place to load from.
     where = cache_root() if isinstance(spec.base, ReleaseSpec) else None
-    key = (spec, _file_state(spec.dp_utils_file), where)
+    key = (
+        spec,
+        _file_state(spec.dp_utils_file),
+        _file_state(spec.caller_file),
+        where,
+    )
     found = _loaded.get(key)
     if found is None:
         found = _load(spec)
@@ -128,6 +150,19 @@ def _file_state(path: Path | None) -> tuple[int, int] | None:
         return None
     stat = path.stat()
     return (stat.st_mtime_ns, stat.st_size)
+
+
+def required_modules(runner: str) -> tuple[str, ...]:
+    """The modules every target of ``runner`` executes from source, whatever
+    its version: what a counterexample of that runner must record."""
+    if runner == "v1":
+        return (
+            V1_DP_UTILS_MODULE,
+            V1_DISPATCHER_MODULE,
+            FORWARD_CONTEXT_MODULE,
+            COMPILATION_MODULE,
+        )
+    return (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
 
 
 def source_paths(spec: TargetSpec, modules: Iterable[str]) -> dict[str, Path | None]:
@@ -146,7 +181,12 @@ def _package_dir(spec: TargetSpec) -> Path:
 
 
 def _loader(spec: TargetSpec, package_dir: Path) -> ModuleLoader:
-    overrides = {DP_UTILS_MODULE: spec.dp_utils_file} if spec.dp_utils_file else {}
+    overrides = {}
+    if spec.dp_utils_file is not None:
+        sync = V1_DP_UTILS_MODULE if spec.runner == "v1" else DP_UTILS_MODULE
+        overrides[sync] = spec.dp_utils_file
+    if spec.caller_file is not None:
+        overrides[V1_CALLER_MODULE] = spec.caller_file
     return ModuleLoader(package_dir, overrides=overrides, stand_ins=STAND_INS)
 
 
@@ -156,6 +196,11 @@ def _load(spec: TargetSpec) -> Target:
         version: str | None = spec.base.version
     else:
         version = _tree_version(package_dir)
+    if spec.runner == "v1":
+        # Imported here: the V1 loader builds on this module's Target.
+        from dpsim.targets.v1.load import load_v1
+
+        return load_v1(spec, package_dir, version)
     loader = _loader(spec, package_dir)
     for required in (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE):
         if loader.source_path(required) is None:

@@ -3,6 +3,14 @@
 A spec is one of: a vLLM release (``0.29.0``), a vLLM source tree or an
 installed ``vllm`` package directory (a path), or a single ``dp_utils.py``
 (a file path) that is run against the rest of vLLM from a release or tree.
+
+Every spec also names the model runner whose DP sync it tests: ``v2``
+(``v1/worker/gpu/dp_utils.py``, releases 0.18 and later) or ``v1``
+(``v1/worker/dp_utils.py``'s ``coordinate_batch_across_dp`` and its caller in
+``gpu_model_runner.py``, releases 0.11.1 and later). Left unsaid, it is the
+runner the base (or the ``--target`` file) has: V2 where its sync exists,
+else V1, decided from the version or the files' text before anything is
+fetched or executed.
 """
 
 from __future__ import annotations
@@ -11,20 +19,41 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpsim.errors import TargetError
+from dpsim.errors import TargetError, UsageError
 
 RELEASE_PATTERN = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d*)?$")
 DEFAULT_RELEASE = "0.33.0"
-#: The oldest (major, minor) whose DP-sync API dpsim adapts. vLLM 0.15-0.17
-#: expose only ``get_cudagraph_and_dp_padding`` (no capture manager) and older
-#: releases have no ``gpu/dp_utils.py`` at all; this one boundary decides both
-#: the refusal before a fetch and the releases the cross-version report runs.
+#: The oldest (major, minor) whose V2-runner DP-sync API dpsim adapts. vLLM
+#: 0.15-0.17 expose only ``get_cudagraph_and_dp_padding`` (no capture manager)
+#: and older releases have no ``gpu/dp_utils.py`` at all; this one boundary
+#: decides both the refusal before a fetch and the releases the cross-version
+#: report runs for V2.
 OLDEST_SUPPORTED = (0, 18)
 OLDEST_RELEASE = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}.0"
+#: The oldest release with the V1 runner's ``coordinate_batch_across_dp``
+#: (0.10.x-0.11.0 padded with ``get_dp_padding``, which dpsim does not adapt).
+OLDEST_V1 = (0, 11, 1)
+OLDEST_V1_RELEASE = ".".join(str(part) for part in OLDEST_V1)
+
+#: The model runners whose DP coordination dpsim tests.
+RUNNERS = ("v1", "v2")
+#: The sync entry points each runner's ``dp_utils.py`` defines (V2's legacy
+#: 0.15-0.17 name included, so such a file is refused by V2's adapter, which
+#: names the API, rather than as "no sync at all").
+V1_ENTRY = "coordinate_batch_across_dp"
+V2_ENTRIES = (
+    "dispatch_cg_and_sync_dp",
+    "sync_cudagraph_and_dp_padding",
+    "get_cudagraph_and_dp_padding",
+)
 
 #: Where the sync file lives in a vLLM checkout, and in the ``vllm`` package.
 DP_UTILS_IN_PACKAGE = "v1/worker/gpu/dp_utils.py"
 DP_UTILS_IN_CHECKOUT = f"vllm/{DP_UTILS_IN_PACKAGE}"
+#: The same for the V1 runner's sync and the file holding its caller.
+V1_DP_UTILS_IN_PACKAGE = "v1/worker/dp_utils.py"
+V1_DP_UTILS_IN_CHECKOUT = f"vllm/{V1_DP_UTILS_IN_PACKAGE}"
+V1_CALLER_IN_PACKAGE = "v1/worker/gpu_model_runner.py"
 
 
 @dataclass(frozen=True)
@@ -50,43 +79,93 @@ BaseSpec = ReleaseSpec | TreeSpec
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """Where each piece of a target comes from.
+    """Where each piece of a target comes from, and which runner's sync it is.
 
     ``base`` supplies vLLM's manager and enums; ``dp_utils_file``, when given,
-    replaces the base's own ``dp_utils.py``.
+    replaces the base's own ``dp_utils.py`` (the runner's: V2's
+    ``v1/worker/gpu/dp_utils.py`` or V1's ``v1/worker/dp_utils.py``);
+    ``caller_file`` (V1 only) replaces ``v1/worker/gpu_model_runner.py``, the
+    file the V1 caller method is taken from. :func:`parse_target` resolves
+    ``runner``; a spec built directly defaults to V2, as every spec did
+    before dpsim knew V1.
     """
 
     base: BaseSpec
     dp_utils_file: Path | None = None
+    runner: str = "v2"
+    caller_file: Path | None = None
 
     def __str__(self) -> str:
-        if self.dp_utils_file is None:
-            return str(self.base)
-        return f"{self.dp_utils_file} (on vllm {self.base})"
+        text = str(self.base)
+        if self.dp_utils_file is not None:
+            text = f"{self.dp_utils_file} (on vllm {self.base})"
+        if self.caller_file is not None:
+            text = f"{text} with caller {self.caller_file}"
+        return text if self.runner == "v2" else f"{text} [V1 runner]"
 
     def to_dict(self) -> dict[str, str | None]:
+        """The spec as JSON values. ``runner`` and ``caller_file`` are present
+        for V1 only: a V2 spec reads as it did before runners existed, and a
+        record without ``runner`` is a V2 one."""
         kind = "release" if isinstance(self.base, ReleaseSpec) else "tree"
-        return {
+        data = {
             "kind": kind,
             "base": str(self.base),
             "dp_utils_file": str(self.dp_utils_file) if self.dp_utils_file else None,
         }
+        if self.runner != "v2":
+            data["runner"] = self.runner
+            data["caller_file"] = str(self.caller_file) if self.caller_file else None
+        return data
 
 
-def check_release(version: str) -> str:
-    """``version`` itself when dpsim can run that release; otherwise a one-line
-    :class:`TargetError`, so a release that would be refused anyway is refused
-    before its ~300 MB wheel is downloaded (or its cache entry is read)."""
+def check_runner(runner: str) -> str:
+    """``runner`` itself when it names one; otherwise a one-line refusal."""
+    if runner not in RUNNERS:
+        raise UsageError(
+            f"unknown runner {runner!r}: choose v1 (the V1 model runner's "
+            "coordinate_batch_across_dp) or v2 (the V2 runner's dp_utils.py)"
+        )
+    return runner
+
+
+def _release_key(version: str) -> tuple[int, int, int]:
+    parts = [int(part) for part in re.findall(r"\d+", version)[:3]]
+    major, minor, patch = [*parts, 0, 0][:3]
+    return major, minor, patch
+
+
+def default_runner(version: str) -> str:
+    """The runner a release is tested with when none is named: V2 where the
+    release has V2's sync (0.18 and later), else V1."""
+    return "v2" if _release_key(version)[:2] >= OLDEST_SUPPORTED else "v1"
+
+
+def check_release(version: str, runner: str | None = None) -> str:
+    """``version`` itself when dpsim can run that release (with ``runner``, or
+    with either runner when None); otherwise a one-line :class:`TargetError`,
+    so a release that would be refused anyway is refused before its ~300 MB
+    wheel is downloaded (or its cache entry is read)."""
     if not RELEASE_PATTERN.match(version):
         raise TargetError(
             f"{version!r} is not a vLLM release version (e.g. {DEFAULT_RELEASE})"
         )
-    major, minor = (int(part) for part in re.findall(r"\d+", version)[:2])
-    if (major, minor) < OLDEST_SUPPORTED:
+    if runner is not None:
+        check_runner(runner)
+    key = _release_key(version)
+    if key < OLDEST_V1:
         raise TargetError(
-            f"vllm {version} is older than dpsim supports ({OLDEST_RELEASE} and "
-            "later): the vLLM 0.15-0.17 API (get_cudagraph_and_dp_padding, no "
-            "capture manager) and anything before it are not adapted; "
+            f"vllm {version} is older than dpsim supports ({OLDEST_V1_RELEASE} and "
+            f"later with the V1 runner, {OLDEST_RELEASE} and later with V2): "
+            "before it vLLM padded DP batches with get_dp_padding, which dpsim "
+            "does not adapt; refused without fetching it"
+        )
+    if runner == "v2" and key[:2] < OLDEST_SUPPORTED:
+        raise TargetError(
+            f"vllm {version} is older than dpsim supports with the V2 runner "
+            f"({OLDEST_RELEASE} and later): the vLLM 0.15-0.17 API "
+            "(get_cudagraph_and_dp_padding, no capture manager) and anything "
+            "before it are not adapted (--runner v1 tests its V1 runner); "
             "refused without fetching it"
         )
     return version
@@ -122,23 +201,110 @@ def _package_dir(path: Path) -> Path:
     )
 
 
-def parse_target(vllm: str | None, target_file: str | Path | None = None) -> TargetSpec:
-    """Combine ``--vllm`` and ``--target`` into one spec."""
+def parse_target(
+    vllm: str | None,
+    target_file: str | Path | None = None,
+    runner: str | None = None,
+    caller_file: str | Path | None = None,
+) -> TargetSpec:
+    """Combine ``--vllm``, ``--target``, ``--runner`` and ``--caller-file``
+    into one spec, the runner resolved (see the module docstring)."""
+    if runner is not None:
+        check_runner(runner)
     base = parse_base(vllm or DEFAULT_RELEASE)
-    if target_file is None:
-        return TargetSpec(base)
-    path = Path(target_file).expanduser()
-    if path.is_dir():
+    path = None if target_file is None else _python_file("--target", target_file)
+    caller = None if caller_file is None else _python_file("--caller-file", caller_file)
+    if caller is not None:
+        if runner == "v2":
+            raise TargetError(
+                f"--caller-file {caller_file}: only the V1 runner has a caller "
+                "method dpsim runs (drop --runner v2, or pass --runner v1)"
+            )
+        runner = "v1"
+    file_runner = None if path is None else _file_runner(path, str(target_file))
+    if path is not None and file_runner is None:
         raise TargetError(
-            f"--target {target_file} is a directory; expected a dp_utils.py file "
-            f"(did you mean --vllm {target_file}, or --target "
-            f"{_dp_utils_inside(path, str(target_file))}?)"
+            f"--target {target_file} defines neither {V1_ENTRY} (the V1 runner's "
+            f"sync) nor {', '.join(V2_ENTRIES[:2])} (V2's): "
+            "not a vLLM dp_utils module"
+        )
+    if runner is None:
+        runner = file_runner or _base_runner(base)
+    elif file_runner is not None and file_runner != runner:
+        found = V1_ENTRY if file_runner == "v1" else "the V2 runner's sync"
+        raise TargetError(
+            f"--target {target_file} defines {found}, not the {runner.upper()} "
+            f"runner's (pass --runner {file_runner})"
+        )
+    if isinstance(base, ReleaseSpec):
+        check_release(base.version, runner)
+    elif path is None:
+        _check_tree(base, runner)
+    return TargetSpec(base, path, runner, caller)
+
+
+def _python_file(option: str, given: str | Path) -> Path:
+    path = Path(given).expanduser()
+    if path.is_dir():
+        if option != "--target":
+            raise TargetError(f"{option} {given} is a directory; expected a .py file")
+        raise TargetError(
+            f"--target {given} is a directory; expected a dp_utils.py file "
+            f"(did you mean --vllm {given}, or --target "
+            f"{_dp_utils_inside(path, str(given))}?)"
         )
     if not path.is_file():
-        raise TargetError(f"--target {target_file}: no such file")
+        raise TargetError(f"{option} {given}: no such file")
     if path.suffix != ".py":
-        raise TargetError(f"--target {target_file}: expected a Python file (.py)")
-    return TargetSpec(base, path.resolve())
+        raise TargetError(f"{option} {given}: expected a Python file (.py)")
+    return path.resolve()
+
+
+def _defines(text: str, names: tuple[str, ...]) -> bool:
+    return any(re.search(rf"^\s*def {name}\s*\(", text, re.M) for name in names)
+
+
+def _file_runner(path: Path, shown: str) -> str | None:
+    """The runner a ``--target`` file's sync belongs to, read off its text;
+    None when it defines neither."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as error:
+        raise TargetError(f"cannot read {shown}: {error.strerror}") from error
+    if _defines(text, V2_ENTRIES):
+        return "v2"
+    if _defines(text, (V1_ENTRY,)):
+        return "v1"
+    return None
+
+
+def _base_runner(base: BaseSpec) -> str:
+    if isinstance(base, ReleaseSpec):
+        return default_runner(base.version)
+    return "v2" if _tree_has(base, "v2") else "v1"
+
+
+def _tree_has(base: TreeSpec, runner: str) -> bool:
+    relative = DP_UTILS_IN_PACKAGE if runner == "v2" else V1_DP_UTILS_IN_PACKAGE
+    names = V2_ENTRIES[:2] if runner == "v2" else (V1_ENTRY,)
+    try:
+        return _defines((base.package_dir / relative).read_text(), names)
+    except OSError:
+        return False
+
+
+def _check_tree(base: TreeSpec, runner: str) -> None:
+    if not _tree_has(base, runner):
+        where = DP_UTILS_IN_PACKAGE if runner == "v2" else V1_DP_UTILS_IN_PACKAGE
+        what = (
+            "dispatch_cg_and_sync_dp or sync_cudagraph_and_dp_padding"
+            if runner == "v2"
+            else V1_ENTRY
+        )
+        raise TargetError(
+            f"{base}: no {what} in {where}, so the {runner.upper()} runner's DP "
+            "sync is not there to test"
+        )
 
 
 def _dp_utils_inside(directory: Path, shown: str) -> str:
