@@ -1,11 +1,14 @@
 """Options every command and the pytest suite spell the same way.
 
 Torch-free and free of the CLI, so the suite's configuration (imported in
-every pytest session) and each command parse a ``--ranks`` alike, against
-the bound in :mod:`dpsim.limits`, with the same refusal.
+every pytest session) and each command parse a ``--ranks`` and a
+``--runner`` alike (ranks against the bound in :mod:`dpsim.limits`), with
+the same refusal.
 """
 
 from __future__ import annotations
+
+import argparse
 
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
@@ -27,3 +30,31 @@ def parse_ranks(text: str) -> tuple[int, int]:
     if high > MAX_RANKS:
         raise UsageError(f"--ranks {text!r}: at most {MAX_RANKS:,} ranks")
     return low, high
+
+
+#: The model runners whose DP coordination dpsim checks.
+RUNNERS = ("v1", "v2")
+
+#: What ``--runner`` means, said alike by every command and the pytest plugin.
+RUNNER_HELP = (
+    "whose DP coordination to check: v1 = the V1 model runner "
+    "(coordinate_batch_across_dp in v1/worker/dp_utils.py, called by "
+    "GPUModelRunner._determine_batch_execution_and_padding; vLLM 0.11.1+), "
+    "v2 = the V2 model runner (v1/worker/gpu/dp_utils.py; vLLM 0.18+); "
+    "default: v2 where the vLLM has V2's sync, else v1"
+)
+
+
+def add_runner_argument(parser: argparse.ArgumentParser) -> None:
+    """``--runner v1|v2``; absent, the target's default runner."""
+    parser.add_argument("--runner", choices=RUNNERS, help=RUNNER_HELP)
+
+
+def parse_runner(text: str | None, flag: str = "--runner") -> str | None:
+    """``text`` when it names a runner, ``None`` (the target's default) when
+    empty; a one-line UsageError otherwise."""
+    if not text:
+        return None
+    if text not in RUNNERS:
+        raise UsageError(f"{flag} {text!r}: expected one of {', '.join(RUNNERS)}")
+    return text

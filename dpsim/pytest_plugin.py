@@ -11,6 +11,10 @@ pytest's configuration, sees them too):
 
   --dpsim-vllm SPEC       DPSIM_VLLM       release, source tree or package dir
   --dpsim-target FILE     DPSIM_TARGET     a dp_utils.py run against --dpsim-vllm
+  --dpsim-runner NAME     DPSIM_RUNNER     v1 or v2: whose DP coordination (default
+                                           v2 where the vLLM has V2's sync, else v1)
+  --dpsim-caller-file FILE DPSIM_CALLER_FILE  V1: a gpu_model_runner.py whose
+                                           caller method runs
   --dpsim-policy FILE     DPSIM_POLICY     fix the capture policy (JSON/TOML)
   --dpsim-profile NAME    DPSIM_PROFILE    caller (default) or contract
   --dpsim-ranks LO..HI    DPSIM_RANKS      DP sizes (default 2..16)
@@ -44,6 +48,7 @@ from hypothesis.reporting import current_reporter
 from dpsim import allowances
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
+from dpsim.options import RUNNER_HELP
 from dpsim.suite.config import SUITE_TEST, SuiteConfig, SuiteOptions, resolve
 
 __all__ = ["SuiteConfig", "current_suite", "suite_options", "suite_settings"]
@@ -62,6 +67,12 @@ settings.register_profile("nightly", parent=_BASE, max_examples=5000)
 _OPTIONS = (
     ("vllm", "DPSIM_VLLM", "release, source tree or vllm package dir to test"),
     ("target", "DPSIM_TARGET", "a dp_utils.py run against --dpsim-vllm"),
+    ("runner", "DPSIM_RUNNER", RUNNER_HELP),
+    (
+        "caller-file",
+        "DPSIM_CALLER_FILE",
+        "V1 runner only: a gpu_model_runner.py whose caller method runs",
+    ),
     ("policy", "DPSIM_POLICY", "capture policy file (JSON/TOML) to fix"),
     ("profile", "DPSIM_PROFILE", "generator profile: caller (default) or contract"),
     ("ranks", "DPSIM_RANKS", "DP sizes as LO..HI (default 2..16)"),
@@ -115,6 +126,8 @@ def _configure(values: dict[str, str | None], explicit_profile: bool) -> _Config
     options = SuiteOptions(
         vllm=merged["vllm"],
         target=merged["target"],
+        runner=merged["runner"],
+        caller_file=merged["caller-file"],
         policy=merged["policy"],
         profile=merged["profile"] or "caller",
         ranks=merged["ranks"] or "2..16",

@@ -1,9 +1,9 @@
-"""The cross-version report: one check per release, one row per scenario.
+"""The cross-version report: one check per (release, runner), one row per scenario.
 
 Answers "which vLLM releases have this DP-sync bug?" in a table that can be
-pasted into an upstream issue: each row is a version (or a file on a version)
-and a scenario, with ``pass`` or the property that failed and a link to its
-counterexample file. Targets are checked in parallel child processes
+pasted into an upstream issue: each row is a version (or a file on a version),
+the model runner whose sync ran and a scenario, with ``pass`` or the property
+that failed and a link to its counterexample file. Targets are checked in parallel child processes
 (:mod:`dpsim.processes`), one per target, each loading its own; the rows come
 back in the order asked for, and a child that dies gives its target an
 ``error`` row instead of sinking the report.
@@ -22,24 +22,104 @@ from pathlib import Path
 
 from dpsim import cex, processes
 from dpsim.check import CheckOptions, run_check
+from dpsim.errors import UsageError
+from dpsim.options import RUNNERS
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.report import table
-from dpsim.targets import load_target
+from dpsim.targets import load_target, parse_target
 from dpsim.targets.spec import OLDEST_SUPPORTED
 
-#: Every release whose API dpsim adapts: the first of each minor, 0.18 to 0.33.
+#: Every release whose V2 API dpsim adapts: the first of each minor, 0.18 to 0.33.
 SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(OLDEST_SUPPORTED[1], 34))
+#: Every release of the V1 runner's ``coordinate_batch_across_dp``, patch
+#: releases included: the API drifted within minors' lifetimes (0.11.1 is the
+#: first with it; 0.11.x run it with a modelled caller).
+V1_RELEASES = (
+    "0.11.1",
+    "0.11.2",
+    "0.12.0",
+    "0.13.0",
+    "0.14.0",
+    "0.14.1",
+    "0.15.0",
+    "0.15.1",
+    "0.16.0",
+    "0.17.0",
+    "0.17.1",
+    "0.18.0",
+    "0.18.1",
+    "0.19.0",
+    "0.19.1",
+    "0.20.0",
+    "0.20.1",
+    "0.20.2",
+    "0.21.0",
+    "0.22.0",
+    "0.22.1",
+    "0.23.0",
+    "0.24.0",
+    "0.25.0",
+    "0.25.1",
+    "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
+    "0.30.0",
+    "0.31.0",
+    "0.32.0",
+    "0.33.0",
+)
+#: What each runner's report covers when no release is named.
+RELEASES_OF = {"v1": V1_RELEASES, "v2": SUPPORTED_RELEASES}
 
 
 @dataclass(frozen=True)
 class TargetRequest:
     vllm: str
     target_file: str | None = None
+    #: None: the target's default runner (see ``parse_target``).
+    runner: str | None = None
+
+
+def default_requests(runner: str | None = None) -> list[TargetRequest]:
+    """One request per (release, runner) the report covers by default, in
+    release order, V1 before V2: only ``runner``'s when one is named."""
+    runners = RUNNERS if runner is None else (runner,)
+    pairs = {(release, name) for name in runners for release in RELEASES_OF[name]}
+    return [
+        TargetRequest(release, None, name)
+        for release, name in sorted(pairs, key=lambda pair: (_key(pair[0]), pair[1]))
+    ]
+
+
+def requests_for(spec: str, runner: str | None = None) -> list[TargetRequest]:
+    """A named release or tree: one request per runner it has (only
+    ``runner`` when one is named; a one-line error when it lacks that one).
+    Decided from version numbers and file texts, before anything is fetched."""
+    if runner is not None:
+        parse_target(spec, runner=runner)
+        return [TargetRequest(spec, None, runner)]
+    found = []
+    for name in RUNNERS:
+        try:
+            parse_target(spec, runner=name)
+        except UsageError:
+            continue
+        found.append(TargetRequest(spec, None, name))
+    if not found:
+        parse_target(spec)  # neither runner fits: its own refusal says why
+    return found
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 @dataclass(frozen=True)
 class VersionRow:
     target: str
+    runner: str
     scenario: str
     verdict: str  # "pass", "fail" or "error"
     property: str | None
@@ -52,7 +132,7 @@ def check_target(
 ) -> list[VersionRow]:
     """Check every scenario of one target; write each failure's counterexample."""
     try:
-        target = load_target(request.vllm, request.target_file)
+        target = load_target(request.vllm, request.target_file, request.runner)
     except Exception as error:  # one bad target must not sink the whole report
         return [_error_row(request, f"{type(error).__name__}: {error}")]
     report = run_check(target, options)
@@ -61,7 +141,9 @@ def check_target(
         finding = run.finding
         if finding is None:
             rows.append(
-                VersionRow(target.label, run.scenario, "pass", None, None, None)
+                VersionRow(
+                    target.label, target.runner, run.scenario, "pass", None, None, None
+                )
             )
             continue
         written = cex.save(
@@ -75,6 +157,7 @@ def check_target(
         rows.append(
             VersionRow(
                 target.label,
+                target.runner,
                 run.scenario,
                 "fail",
                 finding.primary.property,
@@ -147,7 +230,7 @@ def _error_row(request: TargetRequest, message: str) -> VersionRow:
         if request.target_file is None
         else f"{request.target_file} on {request.vllm}"
     )
-    return VersionRow(label, "-", "error", None, message, None)
+    return VersionRow(label, request.runner or "-", "-", "error", None, message, None)
 
 
 def render_markdown(
@@ -159,8 +242,8 @@ def render_markdown(
         f"Profile `{options.profile}`, ranks {options.ranks[0]}..{options.ranks[1]}, "
         f"{options.examples} cases per scenario, seed {options.seed}.",
         "",
-        "| target | scenario | result | counterexample |",
-        "|---|---|---|---|",
+        "| target | runner | scenario | result | counterexample |",
+        "|---|---|---|---|---|",
     ]
     for row in rows:
         result = (
@@ -172,11 +255,16 @@ def render_markdown(
             link = f"[{Path(row.counterexample).name}]({relative})"
         elif row.verdict == "error":
             link = (row.message or "").replace("|", "\\|")
-        lines.append(f"| {row.target} | {row.scenario} | {result} | {link} |")
+        lines.append(
+            f"| {row.target} | {row.runner} | {row.scenario} | {result} | {link} |"
+        )
     failing = [row for row in rows if row.verdict == "fail"]
     if failing:
         lines += ["", "## Failures", ""]
-        lines += [f"- {row.target}, {row.scenario}: {row.message}" for row in failing]
+        lines += [
+            f"- {row.target} ({row.runner}), {row.scenario}: {row.message}"
+            for row in failing
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -197,24 +285,27 @@ def render_html(rows: Sequence[VersionRow], out: Path) -> str:
         css = "pass" if row.verdict == "pass" else "fail"
         title = html.escape(row.message or "")
         body.append(
-            f"<tr><td>{html.escape(row.target)}</td><td>{html.escape(row.scenario)}</td>"
+            f"<tr><td>{html.escape(row.target)}</td><td>{html.escape(row.runner)}</td>"
+            f"<td>{html.escape(row.scenario)}</td>"
             f'<td class="{css}" title="{title}">{cell}</td><td>{link}</td></tr>'
         )
     return (
         "<!doctype html><meta charset=utf-8><title>dpsim cross-version report</title>"
         "<style>body{font:14px sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
         ".pass{color:#060}.fail{color:#a00;font-weight:bold}</style>"
-        "<h1>dpsim cross-version report</h1><table><tr><th>target</th><th>scenario</th>"
+        "<h1>dpsim cross-version report</h1><table><tr><th>target</th><th>runner</th>"
+        "<th>scenario</th>"
         "<th>result</th><th>counterexample</th></tr>" + "".join(body) + "</table>\n"
     )
 
 
 def render_terminal(rows: Sequence[VersionRow]) -> str:
     return table(
-        ("target", "scenario", "result"),
+        ("target", "runner", "scenario", "result"),
         [
             (
                 row.target,
+                row.runner,
                 row.scenario,
                 row.verdict if row.verdict != "fail" else f"FAIL {row.message}",
             )

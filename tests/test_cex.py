@@ -243,6 +243,8 @@ def _mutations() -> list[tuple[str, Any]]:
         ("bad digest", set_path(("target", "files", "vllm.x"), "not-a-digest")),
         ("bad module name", set_path(("target", "files"), {"../../etc": "0" * 64})),
         ("unknown spec kind", set_path(("target", "spec", "kind"), "url")),
+        ("unknown runner", set_path(("target", "spec", "runner"), "v3")),
+        ("caller file a number", set_path(("target", "spec", "caller_file"), 7)),
         ("trace is text", set_path(("trace",), "x")),
         ("version is a number", set_path(("dpsim_version",), 1)),
     ]
@@ -417,7 +419,7 @@ def test_a_record_without_the_modules_every_target_runs_is_refused_before_loadin
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(
         "dpsim: error: the counterexample's target changed: "
-        "vllm.v1.worker.gpu.dp_utils: executed by every target, not recorded "
+        "vllm.v1.worker.gpu.dp_utils: executed by every V2 target, not recorded "
         "(and 2 more); pass --vllm/--target"
     )
 

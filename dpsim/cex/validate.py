@@ -21,6 +21,7 @@ from dpsim.limits import (
     MAX_SPECULATIVE_TOKENS,
     int_problem,
 )
+from dpsim.options import RUNNERS
 from dpsim.records.case import BATCH_KINDS, PROFILES
 from dpsim.records.trace import Outcome
 from dpsim.scenarios.programs import SCENARIOS
@@ -119,6 +120,10 @@ def target(value: Any) -> dict[str, Any]:
     )
     text(required(spec, "base", "target.spec"), "target.spec.base")
     optional_text(spec.get("dp_utils_file"), "target.spec.dp_utils_file")
+    # Absent in every file written before dpsim knew the V1 runner: V2 then.
+    if spec.get("runner") is not None:
+        one_of(spec["runner"], RUNNERS, "target.spec.runner")
+    optional_text(spec.get("caller_file"), "target.spec.caller_file")
     optional_text(data.get("label"), "target.label")
     optional_text(data.get("version"), "target.version")
     files = mapping(required(data, "files", "target"), "target.files")

@@ -34,7 +34,7 @@ from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS
-from dpsim.options import parse_ranks
+from dpsim.options import add_runner_argument, parse_ranks
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
@@ -54,6 +54,7 @@ examples:
   dpsim check                                  newest release ({DEFAULT_RELEASE}), all scenarios
   dpsim check --vllm 0.29.0 --ranks 2..8 --examples 1000
   dpsim check --target ./dp_utils.py --vllm 0.33.0 --property agreement
+  dpsim check --runner v1 --vllm 0.33.0       the V1 model runner's coordination
   dpsim check --profile contract --scenario step --json
 
 Each failing scenario's shrunk counterexample is printed as a per-rank table
@@ -128,6 +129,24 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", metavar="FILE", help="a dp_utils.py to run against --vllm"
     )
+    add_runner_argument(parser)
+    parser.add_argument(
+        "--caller-file",
+        metavar="FILE",
+        help="V1 runner only: a gpu_model_runner.py whose "
+        "_determine_batch_execution_and_padding runs instead of --vllm's",
+    )
+
+
+def target_spec(arguments: argparse.Namespace) -> TargetSpec:
+    """The spec :func:`add_target_arguments`' options name, resolved before
+    anything runs, so a bad combination is refused in one line."""
+    return parse_target(
+        arguments.vllm,
+        arguments.target,
+        runner=arguments.runner,
+        caller_file=arguments.caller_file,
+    )
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -136,7 +155,7 @@ def run(arguments: argparse.Namespace) -> int:
     parse_ranks(arguments.ranks)
     check_output_directory(Path(arguments.out), "--out")
     allowance = allowances.from_arguments(arguments)
-    spec = parse_target(arguments.vllm, arguments.target)
+    spec = target_spec(arguments)
     return run_isolated(
         lambda: _check(arguments, spec), allowance=allowance, json_errors=arguments.json
     )

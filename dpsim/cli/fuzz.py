@@ -84,6 +84,8 @@ def run(arguments: argparse.Namespace) -> int:
         suite=SuiteOptions(
             vllm=arguments.vllm,
             target=arguments.target,
+            runner=arguments.runner,
+            caller_file=arguments.caller_file,
             policy=arguments.policy,
             profile=arguments.profile,
             ranks=arguments.ranks,

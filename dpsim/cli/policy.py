@@ -21,7 +21,12 @@ from dpsim.capture.policy_files import load_policy
 from dpsim.capture.table import capture_table
 from dpsim.cex.findings import write_counterexamples
 from dpsim.cli import add_command, check_output_directory
-from dpsim.cli.check import add_target_arguments, render_report, summary
+from dpsim.cli.check import (
+    add_target_arguments,
+    render_report,
+    summary,
+    target_spec,
+)
 from dpsim.costs import (
     BUILTIN_WORKLOADS,
     Comparison,
@@ -40,11 +45,12 @@ from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS, int_problem
+from dpsim.options import add_runner_argument
 from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy, ManagerConfig
 from dpsim.report import describe_policy
 from dpsim.scenarios.run import PolicyRefused, manager_for, tables_for
-from dpsim.targets import DEFAULT_RELEASE, load_target
+from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
 
 HELP = "show a policy's capture table, or validate policies: safety and cost"
@@ -72,6 +78,7 @@ def register(commands: Any) -> None:
     )
     show.add_argument("policy", metavar="POLICY", help="a policy file (.json/.toml)")
     show.add_argument("--vllm", metavar="SPEC", help="release, tree or package dir")
+    add_runner_argument(show)
     show.add_argument(
         "--dp", type=int, default=2, metavar="N", help="DP size (default 2)"
     )
@@ -84,16 +91,17 @@ def run_show(arguments: argparse.Namespace) -> int:
     if problem is not None:
         raise UsageError(f"--dp {problem}")
     policy = load_policy(Path(arguments.policy))
+    spec = parse_target(arguments.vllm, runner=arguments.runner)
     # The target's code runs to build its managers: isolated, as in check.
     return run_isolated(
-        functools.partial(_show, arguments.vllm, policy, arguments.dp),
+        functools.partial(_show, spec, policy, arguments.dp),
         allowance=allowances.from_environment(),
     )
 
 
-def _show(vllm: str | None, policy: CapturePolicy, dp_size: int) -> int:
+def _show(spec: TargetSpec, policy: CapturePolicy, dp_size: int) -> int:
     with prints_to_stderr():
-        tables = render_tables(load_target(vllm), policy, dp_size)
+        tables = render_tables(load_spec(spec), policy, dp_size)
     print(tables)
     return 0
 
@@ -375,12 +383,13 @@ def run_validate(arguments: argparse.Namespace) -> int:
         raise UsageError("--suggest: the budget must be at least 1 graph")
     check_output_directory(Path(arguments.out), "--out")
     policies = _named_policies(arguments.policies)
+    spec = target_spec(arguments)
     # Before the target loads: a workload refused is refused at once.
     workloads = _workloads(arguments, policies)
     # The target's code runs here as in check: isolated, so that one which
     # ends the process is an error, never an exit 0 with nothing printed.
     return run_isolated(
-        functools.partial(_validate, arguments, policies, workloads),
+        functools.partial(_validate, arguments, spec, policies, workloads),
         allowance=allowances.from_environment(),
         json_errors=arguments.json,
     )
@@ -388,13 +397,14 @@ def run_validate(arguments: argparse.Namespace) -> int:
 
 def _validate(
     arguments: argparse.Namespace,
+    spec: TargetSpec,
     policies: list[NamedPolicy],
     workloads: list[Workload],
 ) -> int:
     from dpsim.costs.plots import write_html, write_plots
 
     with prints_to_stderr():
-        target = load_target(arguments.vllm, arguments.target)
+        target = load_spec(spec)
         if arguments.suggest is not None:
             policies.append(
                 _suggested(target, policies[0], workloads, arguments.suggest)

@@ -46,13 +46,15 @@ from dpsim.terminal import printable
 
 HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
 EPILOG = """\
-The target is the one the file records, unless --vllm / --target name another
-(--target alone keeps the recorded vLLM under it). Before anything runs, the
-recorded target's source files are hashed (read, not executed): if one differs
-from the file's record, replay refuses (exit 2) unless --vllm / --target name
-the target explicitly, which is how a fix is verified. A path the file names
-that is not on the command line (a --target file, a source tree) is said on
-stderr before it runs.
+The target is the one the file records, unless --vllm / --target / --runner /
+--caller-file name another (each but --vllm alone keeps the recorded vLLM
+under it); the runner is the recorded one (a file without one is a V2 file)
+unless --runner names the other. Before anything runs, the recorded target's
+source files are hashed (read, not executed): if one differs from the file's
+record, replay refuses (exit 2) unless those options name the target
+explicitly, which is how a fix is verified. A path the file names that is not
+on the command line (a --target or --caller-file file, a source tree) is said
+on stderr before it runs.
 
 backends:
   sim    the simulator, with the recorded scheduling choices: on the recorded
@@ -67,6 +69,7 @@ exit status: 0 the properties hold now, 1 a property fails, 2 an error
 examples:
   dpsim replay dpsim-out/step-no-hang-5e8bb81b48.json
   dpsim replay FILE --vllm 0.32.0          is the bug in another release?
+  dpsim replay FILE --runner v1            ... in the same release's V1 runner?
   dpsim replay FILE --backend gloo --timeout 5
 """
 
@@ -90,7 +93,13 @@ def register(commands: Any) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     counterexample = cex.read(Path(arguments.file))
-    chosen = choose(counterexample, arguments.vllm, arguments.target)
+    chosen = choose(
+        counterexample,
+        arguments.vllm,
+        arguments.target,
+        arguments.runner,
+        arguments.caller_file,
+    )
     check_recorded_sources(counterexample, chosen)
     if chosen.unasked:
         print(
@@ -125,6 +134,8 @@ def _replay(
             counterexample.case,
             vllm=chosen.vllm,
             target_file=chosen.target_file,
+            runner=chosen.runner,
+            caller_file=chosen.caller_file,
             properties=counterexample.properties,
             backend=arguments.backend,
             timeout_s=arguments.timeout,
@@ -290,6 +301,7 @@ def _summary(replayed: Replayed) -> dict[str, Any]:
         "file": replayed.file,
         "recorded_target": counterexample.target.get("label"),
         "target": rerun.target.label,
+        "runner": rerun.target.runner,
         "backend": replayed.backend,
         "status": replayed.status,
         "verdict": "pass" if rerun.holds else "fail",

@@ -12,6 +12,7 @@ from dpsim import allowances
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
+from dpsim.options import add_runner_argument
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import (
     cache_entries,
@@ -19,7 +20,7 @@ from dpsim.targets.cache import (
     ensure_release,
     refetch_release,
 )
-from dpsim.targets.spec import ReleaseSpec, parse_base
+from dpsim.targets.spec import ReleaseSpec, check_release, parse_base
 
 HELP = "fetch, load and show targets (cached releases when none are named)"
 EPILOG = """\
@@ -44,6 +45,7 @@ def register(commands: Any) -> None:
     parser.add_argument("specs", nargs="*", metavar="SPEC")
     parser.add_argument("--target", metavar="FILE", help="a single dp_utils.py")
     parser.add_argument("--vllm", metavar="SPEC", help="what --target runs against")
+    add_runner_argument(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument(
         "--quiet", action="store_true", help="only fetch and load; one line each"
@@ -66,7 +68,7 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.fetch or arguments.refetch:
         if arguments.fetch and arguments.refetch:
             raise UsageError("--fetch and --refetch exclude each other")
-        return fetch(arguments.specs, again=arguments.refetch)
+        return fetch(arguments.specs, again=arguments.refetch, runner=arguments.runner)
     requests: list[tuple[str | None, str | None]] = []
     if arguments.target:
         if arguments.specs:
@@ -76,7 +78,7 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError("--vllm goes with --target; name releases as SPECs")
     else:
         # Damaged entries too: loading one reports its damage.
-        names = arguments.specs or cache_entries()
+        names = arguments.specs or _cached_for(arguments.runner)
         if not names:
             print(f"no releases cached in {cache_root()}; name some, e.g. 0.33.0")
             return 0
@@ -88,6 +90,22 @@ def run(arguments: argparse.Namespace) -> int:
     )
 
 
+def _cached_for(runner: str | None) -> list[str]:
+    """The cached releases to show: those ``runner`` runs, or every one (each
+    with its default runner) when none is named."""
+    names = cache_entries()
+    if runner is None:
+        return names
+    runs = []
+    for name in names:
+        try:
+            check_release(name, runner)
+        except UsageError:
+            continue
+        runs.append(name)
+    return runs
+
+
 def _show(
     arguments: argparse.Namespace, requests: list[tuple[str | None, str | None]]
 ) -> int:
@@ -95,7 +113,7 @@ def _show(
     for vllm, target_file in requests:
         try:
             with prints_to_stderr():
-                target = load_target(vllm, target_file)
+                target = load_target(vllm, target_file, runner=arguments.runner)
         except UsageError as error:
             failures += 1
             print(f"dpsim: error: {error}", file=sys.stderr)
@@ -109,11 +127,13 @@ def _show(
     return 2 if failures else 0
 
 
-def fetch(versions: list[str], *, again: bool = False) -> int:
+def fetch(
+    versions: list[str], *, again: bool = False, runner: str | None = None
+) -> int:
     """Cache each release (``again``: replace its entry), without loading it.
 
-    A release dpsim would refuse to load is refused here too, before its
-    wheel is downloaded.
+    A release dpsim would refuse to load (with ``runner``, or with either
+    runner) is refused here too, before its wheel is downloaded.
     """
     flag = "--refetch" if again else "--fetch"
     if not versions:
@@ -124,6 +144,7 @@ def fetch(versions: list[str], *, again: bool = False) -> int:
         if not isinstance(spec, ReleaseSpec):
             raise UsageError(f"{flag} takes releases, not {version!r}")
         try:
+            check_release(spec.version, runner)
             (refetch_release if again else ensure_release)(spec.version)
         except UsageError as error:
             failures += 1

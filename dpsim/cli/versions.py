@@ -9,24 +9,36 @@ from typing import Any
 from dpsim.check import CheckOptions
 from dpsim.cli import add_command, check_output_directory
 from dpsim.errors import UsageError
-from dpsim.options import parse_ranks
+from dpsim.options import add_runner_argument, parse_ranks
 from dpsim.records.case import PROFILES
+from dpsim.targets import parse_target
 from dpsim.versions import (
     SUPPORTED_RELEASES,
+    V1_RELEASES,
     TargetRequest,
     cross_version,
+    default_requests,
     render_html,
     render_markdown,
     render_terminal,
+    requests_for,
 )
 
-HELP = "check every supported release (and files) and write a Markdown/HTML table"
+HELP = (
+    "check every supported (release, runner) (and files) and write a "
+    "Markdown/HTML table"
+)
 EPILOG = f"""\
-Releases default to {SUPPORTED_RELEASES[0]} .. {SUPPORTED_RELEASES[-1]} (the first of each minor),
-also when files are added with --target FILE@SPEC (FILE run against SPEC).
+One check per release and runner, a row per scenario. Releases default to
+V2 runner: {SUPPORTED_RELEASES[0]} .. {SUPPORTED_RELEASES[-1]} (the first of each minor)
+V1 runner: {V1_RELEASES[0]} .. {V1_RELEASES[-1]} (every release, patch releases too)
+also when files are added with --target FILE@SPEC (FILE run against SPEC, with
+the runner its sync belongs to). A named SPEC runs with each runner it has;
+--runner restricts everything to one.
 
 examples:
   dpsim versions
+  dpsim versions --runner v1 --workers 2
   dpsim versions 0.29.0 0.33.0 --target ./dp_utils.py@0.29.0 --examples 500
   dpsim versions --profile contract --out report/
 """
@@ -42,6 +54,7 @@ def register(commands: Any) -> None:
         metavar="FILE@SPEC",
         help="a dp_utils.py and the release it runs against (repeatable)",
     )
+    add_runner_argument(parser)
     parser.add_argument("--profile", default="caller", choices=PROFILES)
     parser.add_argument("--ranks", default="2..16", metavar="LO..HI")
     parser.add_argument("--examples", type=int, default=300, metavar="N")
@@ -55,7 +68,14 @@ def register(commands: Any) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     check_output_directory(Path(arguments.out), "--out")
-    requests = [TargetRequest(spec) for spec in arguments.specs or SUPPORTED_RELEASES]
+    if arguments.specs:
+        requests = [
+            request
+            for spec in arguments.specs
+            for request in requests_for(spec, arguments.runner)
+        ]
+    else:
+        requests = default_requests(arguments.runner)
     for pair in arguments.target:
         file, separator, vllm = pair.rpartition("@")
         if not separator or not file or not vllm:
@@ -64,7 +84,10 @@ def run(arguments: argparse.Namespace) -> int:
             )
         if not Path(file).is_file():
             raise UsageError(f"--target {pair!r}: no such file {file}")
-        requests.append(TargetRequest(vllm, str(Path(file).resolve())))
+        request = TargetRequest(vllm, str(Path(file).resolve()), arguments.runner)
+        # Refused here, in one line, rather than as an error row.
+        parse_target(request.vllm, request.target_file, runner=request.runner)
+        requests.append(request)
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     options = CheckOptions(

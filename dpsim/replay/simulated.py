@@ -18,6 +18,7 @@ from typing import Any
 from dpsim.cex import files
 from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
+from dpsim.options import parse_runner
 from dpsim.properties import Verdict, judge, select
 from dpsim.records.case import Case
 from dpsim.records.trace import SimResult
@@ -31,7 +32,7 @@ from dpsim.replay.sources import (
 from dpsim.scenarios import PolicyRefused, run_case
 from dpsim.scenarios.run import why_not_runnable
 from dpsim.sim import ReplayChooser, ReplayDivergedError
-from dpsim.targets import load_target
+from dpsim.targets import load_spec
 from dpsim.targets.load import Target
 from dpsim.terminal import printable
 
@@ -79,21 +80,24 @@ def resolve_target(
     counterexample: Counterexample,
     vllm: str | None = None,
     target_file: str | Path | None = None,
+    runner: str | None = None,
+    caller_file: str | Path | None = None,
 ) -> ResolvedTarget:
-    """Load the target to rerun on: the recorded one unless ``vllm``/``target_file`` say.
+    """Load the target to rerun on: the recorded one unless the options say.
 
-    ``target_file`` alone keeps the recorded vLLM under it. The recorded
+    ``target_file`` (or ``runner``, ``caller_file``) alone keeps the recorded
+    vLLM under it (see :func:`~dpsim.replay.sources.choose`). The recorded
     target is held to its record: its sources are hashed before it loads, and
     any difference is a :class:`~dpsim.replay.sources.SourcesChanged`.
     """
-    chosen = choose(counterexample, vllm, target_file)
+    chosen = choose(counterexample, vllm, target_file, runner, caller_file)
     check_recorded_sources(counterexample, chosen)
     return load_chosen(counterexample, chosen)
 
 
 def load_chosen(counterexample: Counterexample, chosen: Chosen) -> ResolvedTarget:
     """Load a target whose recorded sources ``check_recorded_sources`` passed."""
-    target = load_target(chosen.vllm, chosen.target_file)
+    target = load_spec(chosen.spec())
     drift = source_drift(counterexample, target)
     if drift and not chosen.overridden:
         # The hashes matched, yet loading ran a module the file does not
@@ -173,11 +177,12 @@ def compare(counterexample: Counterexample, rerun: Rerun) -> str:
 
 def target_for_tests(counterexample: Counterexample) -> ResolvedTarget:
     """The target a regression test replays on: the recorded one, or
-    ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``) when set."""
+    ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``, ``$DPSIM_RUNNER``) when set."""
     return resolve_target(
         counterexample,
         os.environ.get("DPSIM_VLLM") or None,
         os.environ.get("DPSIM_TARGET") or None,
+        parse_runner(os.environ.get("DPSIM_RUNNER"), "DPSIM_RUNNER"),
     )
 
 
@@ -185,8 +190,9 @@ def assert_holds(path: str | Path) -> None:
     """Replay ``path`` in the simulator; fail (AssertionError) while a property fails.
 
     What regression tests written by ``dpsim check --out`` call. The target is
-    the recorded one, or ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``) when set; a
-    recorded target whose sources changed is refused (``SourcesChanged``).
+    the recorded one, or ``$DPSIM_VLLM`` (and ``$DPSIM_TARGET``,
+    ``$DPSIM_RUNNER``) when set; a recorded target whose sources changed is
+    refused (``SourcesChanged``).
     """
     from dpsim.properties import Evidence
     from dpsim.report import render_case_run

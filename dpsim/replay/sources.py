@@ -18,17 +18,9 @@ from pathlib import Path
 
 from dpsim.cex.files import Counterexample
 from dpsim.errors import UsageError
-from dpsim.targets.load import (
-    COMPILATION_MODULE,
-    CUDAGRAPH_MODULE,
-    DP_UTILS_MODULE,
-    source_paths,
-)
+from dpsim.targets.load import required_modules, source_paths
 from dpsim.targets.spec import RELEASE_PATTERN, TargetSpec, parse_target
 from dpsim.terminal import printable
-
-#: Modules every target executes: a record must hash them.
-ALWAYS_LOADED = (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
 
 #: How to go on when the recorded sources differ: said in every refusal.
 PROCEED = (
@@ -46,41 +38,91 @@ class Chosen:
 
     vllm: str
     target_file: str | None
-    #: ``--vllm`` or ``--target`` was given: the record is not binding.
+    #: ``--vllm``, ``--target``, ``--runner`` or ``--caller-file`` was given:
+    #: the record is not binding.
     overridden: bool
     #: Paths the counterexample names, not the user, that will be executed.
     unasked: tuple[str, ...]
+    #: The model runner whose sync runs: the recorded one unless ``--runner``.
+    runner: str = "v2"
+    #: V1 only: the file the caller method comes from (see ``TargetSpec``).
+    caller_file: str | None = None
+
+    def spec(self) -> TargetSpec:
+        """The target spec this choice names (a one-line error if it names none)."""
+        return parse_target(
+            self.vllm,
+            self.target_file,
+            runner=self.runner,
+            caller_file=self.caller_file,
+        )
 
 
-def recorded_spec(counterexample: Counterexample) -> tuple[str, str | None]:
-    """``(--vllm, --target)`` as the file records them."""
+@dataclass(frozen=True)
+class Recorded:
+    """The target a counterexample file records, as the options that name it."""
+
+    vllm: str
+    target_file: str | None
+    runner: str
+    caller_file: str | None
+
+
+def recorded_spec(counterexample: Counterexample) -> Recorded:
+    """The target as the file records it; a file without a runner (every file
+    written before dpsim knew the V1 runner) is a V2 one."""
     spec = counterexample.target["spec"]
-    return str(spec["base"]), spec.get("dp_utils_file")
+    return Recorded(
+        str(spec["base"]),
+        spec.get("dp_utils_file"),
+        spec.get("runner") or "v2",
+        spec.get("caller_file"),
+    )
 
 
 def choose(
     counterexample: Counterexample,
     vllm: str | None = None,
     target_file: str | Path | None = None,
+    runner: str | None = None,
+    caller_file: str | Path | None = None,
 ) -> Chosen:
-    """The recorded target unless ``vllm``/``target_file`` say; ``target_file``
-    alone keeps the recorded vLLM underneath it."""
-    recorded_vllm, recorded_file = recorded_spec(counterexample)
-    overridden = vllm is not None or target_file is not None
+    """The recorded target unless the options say otherwise.
+
+    ``vllm`` replaces the recorded base and drops its recorded files;
+    ``target_file``, ``caller_file`` or ``runner`` alone keep the recorded
+    vLLM under them; the runner is the recorded one unless ``runner``.
+    """
+    recorded = recorded_spec(counterexample)
+    overridden = any(
+        option is not None for option in (vllm, target_file, runner, caller_file)
+    )
     unasked = []
     # Whatever kind the file claims, a base that is not a release number is
     # read as a path (see parse_base), so that is what decides.
-    if vllm is None and not RELEASE_PATTERN.match(recorded_vllm.strip()):
-        unasked.append(recorded_vllm)
+    if vllm is None and not RELEASE_PATTERN.match(recorded.vllm.strip()):
+        unasked.append(recorded.vllm)
     if not overridden:
-        if recorded_file is not None:
-            unasked.append(recorded_file)
-        return Chosen(recorded_vllm, recorded_file, False, tuple(unasked))
+        unasked.extend(
+            path
+            for path in (recorded.target_file, recorded.caller_file)
+            if path is not None
+        )
+        return Chosen(
+            recorded.vllm,
+            recorded.target_file,
+            False,
+            tuple(unasked),
+            recorded.runner,
+            recorded.caller_file,
+        )
     return Chosen(
-        vllm if vllm is not None else recorded_vllm,
+        vllm if vllm is not None else recorded.vllm,
         str(target_file) if target_file is not None else None,
         True,
         tuple(unasked),
+        runner if runner is not None else recorded.runner,
+        str(caller_file) if caller_file is not None else None,
     )
 
 
@@ -94,10 +136,11 @@ def check_recorded_sources(counterexample: Counterexample, chosen: Chosen) -> No
         return
     recorded: dict[str, str] = counterexample.target["files"]
     spec = _recorded(chosen)
-    # Every target executes these; a record without them checks nothing.
+    # Every target of the runner executes these; a record without them
+    # checks nothing.
     changed = [
-        f"{module}: executed by every target, not recorded"
-        for module in ALWAYS_LOADED
+        f"{module}: executed by every {spec.runner.upper()} target, not recorded"
+        for module in required_modules(spec.runner)
         if module not in recorded
     ]
     for module, path in sorted(source_paths(spec, recorded).items()):
@@ -119,7 +162,7 @@ def check_recorded_sources(counterexample: Counterexample, chosen: Chosen) -> No
 
 def _recorded(chosen: Chosen) -> TargetSpec:
     try:
-        return parse_target(chosen.vllm, chosen.target_file)
+        return chosen.spec()
     except UsageError as error:
         raise UsageError(
             f"the counterexample's recorded target: {printable(error)}; {PROCEED}"

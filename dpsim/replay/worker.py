@@ -52,6 +52,10 @@ class RankJob:
     startup_s: float
     step_budget: int
     parent_pid: int
+    #: The runner whose sync runs (None: the target's default) and, V1 only,
+    #: the file its caller method comes from.
+    runner: str | None = None
+    caller_file: str | None = None
 
     def path(self, suffix: str) -> Path:
         return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
@@ -127,7 +131,9 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
     from dpsim.targets import load_target
 
     torch.set_num_threads(1)  # N ranks share the host's cores
-    target = load_target(job.vllm, job.target_file)
+    target = load_target(
+        job.vllm, job.target_file, runner=job.runner, caller_file=job.caller_file
+    )
     case = Case.from_dict(job.case)
     setting = setting_for(target, case)
     timeout = datetime.timedelta(seconds=job.timeout_s)

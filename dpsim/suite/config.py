@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsim.errors import UsageError
-from dpsim.options import parse_ranks
+from dpsim.options import parse_ranks, parse_runner
 from dpsim.records.case import PROFILES
 
 if TYPE_CHECKING:
@@ -47,14 +47,19 @@ class SuiteOptions:
 
     vllm: str | None = None
     target: str | None = None
+    #: ``v1`` or ``v2``; None: the target's default runner.
+    runner: str | None = None
+    #: V1 only: a ``gpu_model_runner.py`` whose caller method runs.
+    caller_file: str | None = None
     policy: str | None = None
     profile: str = "caller"
     ranks: str = "2..16"
     out: str = "dpsim-out"
 
     def validate(self) -> None:
-        """Refuse a bad profile when the session starts; the ranks are
-        parsed when the suite first resolves (:func:`resolve`)."""
+        """Refuse a bad profile or runner when the session starts; the ranks
+        are parsed when the suite first resolves (:func:`resolve`)."""
+        parse_runner(self.runner, "runner")
         if self.profile not in PROFILES:
             raise UsageError(
                 f"profile {self.profile!r}: expected one of {', '.join(PROFILES)}"
@@ -66,7 +71,9 @@ class SuiteOptions:
         The target is left out on purpose: a failure found on one tree must be
         replayed on the next (a fix deletes it). What shapes the generated
         cases is kept in, so one configuration never replays, and then
-        deletes as stale, another's counterexamples.
+        deletes as stale, another's counterexamples. A V1 runner named
+        explicitly adds a part (its cases are other calls); V2's keys, and a
+        default runner's, stay as they were before dpsim knew V1.
         """
         low, high = parse_ranks(self.ranks)
         policy = "any"
@@ -76,9 +83,10 @@ class SuiteOptions:
             except OSError:
                 content = self.policy.encode()
             policy = hashlib.sha256(content).hexdigest()[:16]
+        runner = "/runner-v1" if self.runner == "v1" else ""
         return (
             f"dpsim-suite/v{KEY_VERSION}/{scenario}/{self.profile}/"
-            f"{low}..{high}/{policy}"
+            f"{low}..{high}/{policy}{runner}"
         ).encode()
 
 
@@ -90,7 +98,12 @@ def resolve(options: SuiteOptions) -> SuiteConfig:
 
     options.validate()
     return SuiteConfig(
-        target=load_target(options.vllm, options.target),
+        target=load_target(
+            options.vllm,
+            options.target,
+            runner=options.runner,
+            caller_file=options.caller_file,
+        ),
         policy=load_policy(Path(options.policy)) if options.policy else None,
         profile=options.profile,
         ranks=parse_ranks(options.ranks),

@@ -1,0 +1,223 @@
+"""``--runner`` on every command, the suite's runner, and the runner a file records.
+
+Fast tier: every refusal here is decided from the spelling, version numbers and
+file texts, before anything is fetched or loaded (the fast tier runs with an
+empty cache and no package index, so a fetch would fail the test).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faults as faulty
+import pytest
+
+from dpsim.cex.files import Counterexample
+from dpsim.cli import build_parser, main
+from dpsim.errors import UsageError
+from dpsim.pytest_plugin import _configure
+from dpsim.replay import choose, recorded_spec
+from dpsim.suite.config import SuiteOptions
+from dpsim.versions import V1_RELEASES, default_requests, requests_for
+
+POLICY = Path(__file__).parent.parent / "docs" / "policies" / "pow2.toml"
+
+#: Every command that takes a target takes a runner.
+COMMANDS_WITH_A_TARGET = (
+    ["check"],
+    ["targets"],
+    ["versions"],
+    ["replay", "x.json"],
+    ["mutate"],
+    ["fuzz"],
+    ["policy", "validate", "p.toml"],
+    ["policy", "show", "p.toml"],
+)
+
+
+@pytest.mark.parametrize("command", COMMANDS_WITH_A_TARGET, ids=" ".join)
+def test_every_command_with_a_target_reads_a_runner(command: list[str]) -> None:
+    parsed = build_parser().parse_args([*command, "--runner", "v1"])
+    assert parsed.runner == "v1"
+    assert build_parser().parse_args(command).runner is None  # the default
+
+
+@pytest.mark.parametrize("command", COMMANDS_WITH_A_TARGET, ids=" ".join)
+def test_an_unknown_runner_is_one_line_exit_2(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--runner", "v3"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        "dpsim: error: argument --runner: invalid choice: 'v3' (choose from 'v1', 'v2')"
+    )
+
+
+def test_help_says_what_each_runner_is_and_the_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "v1 = the V1 model runner (coordinate_batch_across_dp" in text
+    assert "v2 = the V2 model runner" in text
+    assert "default: v2 where the vLLM has V2's sync, else v1" in text
+
+
+@pytest.mark.parametrize(
+    ("arguments", "refusal"),
+    [
+        (
+            ["check", "--runner", "v2", "--vllm", "0.12.0"],
+            "vllm 0.12.0 is older than dpsim supports with the V2 runner",
+        ),
+        (
+            ["check", "--runner", "v1", "--vllm", "0.11.0"],
+            "vllm 0.11.0 is older than dpsim supports (0.11.1 and later with the V1",
+        ),
+        (
+            ["targets", "--runner", "v2", "--fetch", "0.17.1"],
+            "vllm 0.17.1 is older than dpsim supports with the V2 runner",
+        ),
+        (
+            ["versions", "--runner", "v2", "0.16.0"],
+            "vllm 0.16.0 is older than dpsim supports with the V2 runner",
+        ),
+        (
+            ["versions", "0.10.2"],
+            "vllm 0.10.2 is older than dpsim supports",
+        ),
+        (
+            [*("policy", "show", str(POLICY), "--runner", "v2", "--vllm", "0.14.1")],
+            "vllm 0.14.1 is older than dpsim supports with the V2 runner",
+        ),
+        (
+            [
+                *(
+                    "policy",
+                    "validate",
+                    str(POLICY),
+                    "--runner",
+                    "v2",
+                    "--vllm",
+                    "0.13.0",
+                )
+            ],
+            "vllm 0.13.0 is older than dpsim supports with the V2 runner",
+        ),
+    ],
+)
+def test_a_release_too_old_for_the_runner_is_refused_before_any_fetch(
+    arguments: list[str],
+    refusal: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path / "cache"))
+    assert main(arguments) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dpsim: error: ") and refusal in line
+    assert not (tmp_path / "cache").exists()  # nothing fetched
+    assert not (tmp_path / "dpsim-out").exists()  # nothing written
+
+
+def test_a_target_file_fitting_the_other_runner_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    v1_sync = tmp_path / "v1_dp_utils.py"
+    v1_sync.write_text("def coordinate_batch_across_dp(*args):\n    pass\n")
+    assert main(["check", "--target", str(v1_sync), "--runner", "v2"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "(pass --runner v1)" in line
+
+
+def test_suite_options_refuse_a_bad_runner_in_one_line() -> None:
+    SuiteOptions(runner="v1").validate()
+    SuiteOptions(runner=None).validate()
+    with pytest.raises(UsageError, match=r"^runner 'V1': expected one of v1, v2$"):
+        SuiteOptions(runner="V1").validate()
+
+
+def test_dpsim_runner_is_read_from_the_flag_or_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DPSIM_RUNNER", "v1")
+    assert _configure({}, False).options.runner == "v1"
+    assert _configure({"runner": "v2"}, False).options.runner == "v2"
+    monkeypatch.setenv("DPSIM_RUNNER", "v9")
+    with pytest.raises(UsageError, match=r"^runner 'v9': expected one of v1, v2$"):
+        _configure({}, False)
+
+
+def test_a_named_v1_runner_keys_its_own_examples_and_v2_keys_stay() -> None:
+    before = b"dpsim-suite/v1/step/caller/2..16/any"
+    assert SuiteOptions().database_key("step") == before
+    assert SuiteOptions(runner="v2").database_key("step") == before
+    assert SuiteOptions(runner="v1").database_key("step") == before + b"/runner-v1"
+
+
+# -- dpsim versions: one check per (release, runner) ------------------------------
+
+
+def test_the_default_report_has_a_row_per_release_and_runner() -> None:
+    requests = default_requests()
+    pairs = [(request.vllm, request.runner) for request in requests]
+    assert len(pairs) == len(set(pairs)) == len(V1_RELEASES) + 16
+    assert pairs[0] == ("0.11.1", "v1")
+    assert pairs[-2:] == [("0.33.0", "v1"), ("0.33.0", "v2")]
+    assert ("0.17.1", "v2") not in pairs and ("0.18.0", "v2") in pairs
+    assert {request.runner for request in default_requests("v1")} == {"v1"}
+    assert len(default_requests("v2")) == 16
+
+
+def test_a_named_release_runs_each_runner_it_has() -> None:
+    assert [request.runner for request in requests_for("0.29.0")] == ["v1", "v2"]
+    assert [request.runner for request in requests_for("0.12.0")] == ["v1"]
+    assert [request.runner for request in requests_for("0.29.0", "v2")] == ["v2"]
+    with pytest.raises(UsageError, match="older than dpsim supports"):
+        requests_for("0.10.0")
+
+
+# -- the runner a counterexample file records ---------------------------------------
+
+
+def _recorded(spec: dict[str, str | None]) -> Counterexample:
+    return Counterexample(
+        target={"label": "x", "spec": spec, "version": None, "files": {}},
+        case=faulty.step_case(1, 0),
+        choices=(),
+        properties=(),
+        verdicts=(),
+        outcome="completed",
+        trace={},
+        dpsim_version="0",
+    )
+
+
+V2_SPEC = {"kind": "release", "base": "0.33.0", "dp_utils_file": None}
+V1_SPEC = {**V2_SPEC, "runner": "v1", "caller_file": "/src/gpu_model_runner.py"}
+
+
+def test_a_file_without_a_runner_is_a_v2_file() -> None:
+    assert recorded_spec(_recorded(V2_SPEC)).runner == "v2"
+    chosen = choose(_recorded(V2_SPEC))
+    assert (chosen.runner, chosen.overridden) == ("v2", False)
+
+
+def test_replay_runs_the_recorded_runner_unless_told() -> None:
+    recorded = _recorded(V1_SPEC)
+    chosen = choose(recorded)
+    assert (chosen.runner, chosen.caller_file, chosen.overridden) == (
+        "v1",
+        "/src/gpu_model_runner.py",
+        False,
+    )
+    # The caller file is the file's, not the user's: said before it runs.
+    assert chosen.unasked == ("/src/gpu_model_runner.py",)
+    other = choose(recorded, vllm="0.32.0")
+    assert (other.vllm, other.runner, other.caller_file) == ("0.32.0", "v1", None)
+    assert other.overridden
+    swapped = choose(recorded, runner="v2")
+    assert (swapped.vllm, swapped.runner, swapped.overridden) == ("0.33.0", "v2", True)
