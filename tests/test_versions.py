@@ -20,14 +20,14 @@ def test_a_report_over_two_targets_links_each_failure(
     options = CheckOptions(scenarios=("step",), examples=150)
     requests = [TargetRequest("0.20.0"), TargetRequest("0.20.0", str(per_rank_padding))]
     rows = cross_version(requests, options, tmp_path, workers=1)
-    assert [(row.target, row.scenario, row.verdict) for row in rows] == [
-        ("vllm 0.20.0", "step", "pass"),
-        ("per_rank_padding.py on vllm 0.20.0", "step", "fail"),
+    assert [(row.target, row.runner, row.scenario, row.verdict) for row in rows] == [
+        ("vllm 0.20.0", "v2", "step", "pass"),
+        ("per_rank_padding.py on vllm 0.20.0", "v2", "step", "fail"),
     ]
     failed = rows[1]
     assert failed.counterexample is not None and Path(failed.counterexample).is_file()
     markdown = render_markdown(rows, options, tmp_path)
-    assert "| vllm 0.20.0 | step | pass |  |" in markdown
+    assert "| vllm 0.20.0 | v2 | step | pass |  |" in markdown
     relative = Path(failed.counterexample).relative_to(tmp_path)
     assert f"({relative})" in markdown
     HTMLParser().feed(render_html(rows, tmp_path))  # parses without error
@@ -35,9 +35,13 @@ def test_a_report_over_two_targets_links_each_failure(
 
 def test_an_unloadable_target_is_a_row_not_a_crash(tmp_path: Path) -> None:
     rows = cross_version(
-        [TargetRequest("0.17.0")], CheckOptions(examples=5), tmp_path, workers=1
+        [TargetRequest("0.17.0", runner="v2")],
+        CheckOptions(examples=5),
+        tmp_path,
+        workers=1,
     )
     assert rows[0].verdict == "error" and "0.15-0.17" in (rows[0].message or "")
+    assert rows[0].runner == "v2"
 
 
 def test_cli_writes_both_files_and_refuses_a_bad_target_pair(
@@ -49,6 +53,8 @@ def test_cli_writes_both_files_and_refuses_a_bad_target_pair(
             [
                 "versions",
                 "0.29.0",
+                "--runner",
+                "v2",
                 "--examples",
                 "20",
                 "--workers",
@@ -68,8 +74,12 @@ def test_targets_checked_in_children_keep_their_order_and_a_dead_child_is_a_row(
     tmp_path: Path,
 ) -> None:
     exits = tmp_path / "exits.py"
-    exits.write_text("import os\nos._exit(7)\n")
-    requests = [TargetRequest("0.29.0", str(exits)), TargetRequest("0.17.0")]
+    # Named like V2's sync, so it is taken for one and executed.
+    exits.write_text("import os\nos._exit(7)\ndef dispatch_cg_and_sync_dp(): ...\n")
+    requests = [
+        TargetRequest("0.29.0", str(exits)),
+        TargetRequest("0.17.0", None, "v2"),
+    ]
     rows = cross_version(requests, CheckOptions(examples=5), tmp_path, workers=2)
     assert [(row.target, row.verdict, row.message) for row in rows] == [
         (f"{exits} on 0.29.0", "error", "its check ended with exit status 7"),
