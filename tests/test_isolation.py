@@ -124,7 +124,9 @@ def test_other_commands_that_run_a_target_that_ends_the_process_say_so(
     target = tmp_path / "dp_utils.py"
     # At import for targets (loading is all it runs), in the sync for validate.
     line = "os._exit(0)"
-    source = f"import os\n{line}\n" if command[0] == "targets" else injected(line)
+    # Named like V2's sync so that it is taken for one and executed.
+    sync = "def dispatch_cg_and_sync_dp(): ...\n"
+    source = f"import os\n{line}\n{sync}" if command[0] == "targets" else injected(line)
     target.write_text(source)
     policy = Path(__file__).parent.parent / "docs" / "policies" / "pow2.toml"
     command = [str(policy) if part.endswith("pow2.toml") else part for part in command]
