@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpsim.errors import TargetError, UsageError
+from dpsim.options import RUNNERS  # named once, torch-free, for the suite too
 
 RELEASE_PATTERN = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d*)?$")
 DEFAULT_RELEASE = "0.33.0"
@@ -35,8 +36,6 @@ OLDEST_RELEASE = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}.0"
 OLDEST_V1 = (0, 11, 1)
 OLDEST_V1_RELEASE = ".".join(str(part) for part in OLDEST_V1)
 
-#: The model runners whose DP coordination dpsim tests.
-RUNNERS = ("v1", "v2")
 #: The sync entry points each runner's ``dp_utils.py`` defines (V2's legacy
 #: 0.15-0.17 name included, so such a file is refused by V2's adapter, which
 #: names the API, rather than as "no sync at all").
