@@ -32,10 +32,10 @@ from dpsim.mutate import (
     summary,
     write,
 )
+from dpsim.mutate.files import SLOTS, mutated_file
 from dpsim.options import parse_ranks
 from dpsim.records.case import PROFILES
 from dpsim.targets import DEFAULT_RELEASE, load_target
-from dpsim.targets.load import DP_UTILS_MODULE
 
 HELP = "mutation testing: plant small bugs in the sync and count those caught"
 EPILOG = f"""\
@@ -45,6 +45,9 @@ Each mutant is the target's dp_utils.py with one small change to a sync
 function, written to a temporary directory and checked like `dpsim check`
 (same seed for every mutant) until a property fails. The score is killed /
 non-equivalent; mutants in the reviewed equivalent list are shown apart.
+With --runner v1 the sync is V1's coordinate_batch_across_dp; --file caller
+mutates V1's caller instead: gpu_model_runner.py, inside
+GPUModelRunner._determine_batch_execution_and_padding only (vLLM 0.12+).
 
 examples:
   dpsim mutate                                 newest release ({DEFAULT_RELEASE})
@@ -52,6 +55,8 @@ examples:
   dpsim mutate --vllm 0.33.0 --operators min-max all-any agreed-value
   dpsim mutate --vllm 0.33.0 --limit 40 --json
   dpsim mutate --vllm 0.33.0 --list            the mutants, not checked
+  dpsim mutate --vllm 0.33.0 --runner v1       V1's coordinate_batch_across_dp
+  dpsim mutate --vllm 0.33.0 --runner v1 --file caller
 """
 
 
@@ -64,6 +69,13 @@ def register(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_target_arguments(parser)
+    parser.add_argument(
+        "--file",
+        choices=SLOTS,
+        default="sync",
+        help="what to mutate: the runner's sync (dp_utils.py; default) or, "
+        "V1 only, the caller method in gpu_model_runner.py",
+    )
     parser.add_argument(
         "--operators",
         nargs="+",
@@ -172,6 +184,9 @@ def _mutate(
         report = mutate(
             arguments.vllm,
             arguments.target,
+            runner=arguments.runner,
+            caller_file=arguments.caller_file,
+            slot=arguments.file,
             operators=operators,
             budget=budget,
             workers=arguments.workers,
@@ -197,10 +212,15 @@ def _mutate(
 
 
 def _list(arguments: argparse.Namespace, operators: tuple[str, ...]) -> int:
-    target = load_target(arguments.vllm, arguments.target)
-    loaded = next(f for f in target.files if f.module == DP_UTILS_MODULE)
-    original = Path(loaded.path).read_text()
-    mutants = generate(original, operators)
+    target = load_target(
+        arguments.vllm,
+        arguments.target,
+        runner=arguments.runner,
+        caller_file=arguments.caller_file,
+    )
+    mutated = mutated_file(target, arguments.file)
+    original = mutated.text
+    mutants = generate(original, operators, mutated.functions)
     if arguments.json:
         listing = [
             {
@@ -209,18 +229,18 @@ def _list(arguments: argparse.Namespace, operators: tuple[str, ...]) -> int:
                 "function": mutant.function,
                 "line": mutant.line,
                 "description": mutant.description,
-                "diff": mutant.diff(original),
+                "diff": mutant.diff(original, mutated.name),
             }
             for mutant in mutants
         ]
         print(
             json.dumps(
-                {"target": target.label, "sha256": loaded.sha256, "mutants": listing},
+                {"target": target.label, "sha256": mutated.sha256, "mutants": listing},
                 sort_keys=True,
             )
         )
     else:
-        print(f"{target.label}: {len(mutants)} mutants (sha256 {loaded.sha256})")
+        print(f"{target.label}: {len(mutants)} mutants (sha256 {mutated.sha256})")
         for mutant in mutants:
             print(f"  {mutant.id:<34} {mutant.function}: {mutant.description}")
     return 0

@@ -44,15 +44,19 @@ def select_operators(names: Iterable[str] | None) -> tuple[str, ...]:
     return chosen or OPERATOR_NAMES
 
 
-def sites(text: str, operators: Iterable[str] | None = None) -> list[Site]:
-    """Every mutation the chosen operators propose for ``text``'s functions."""
+def sites(
+    text: str,
+    operators: Iterable[str] | None = None,
+    functions: tuple[str, ...] | None = None,
+) -> list[Site]:
+    """Every mutation the chosen operators propose for ``text``'s functions:
+    every module-level one, or only those ``functions`` names (qualified,
+    ``Class.method``) and the closures they define."""
     chosen = select_operators(operators)
     tree = ast.parse(text)
     source = SourceMap(text)
     found: list[Site] = []
-    for function in tree.body:
-        if not isinstance(function, ast.FunctionDef):
-            continue
+    for function in _mutable_functions(tree, functions):
         scope = Scope(source, function)
         for node in _live_nodes(function):
             for name in chosen:
@@ -62,15 +66,20 @@ def sites(text: str, operators: Iterable[str] | None = None) -> list[Site]:
     return found
 
 
-def generate(text: str, operators: Iterable[str] | None = None) -> tuple[Mutant, ...]:
-    """The mutants of ``text``: each valid Python, each different from the
-    original and from every other (a site that yields a text already seen is
-    the same mutant under another name, and is dropped)."""
+def generate(
+    text: str,
+    operators: Iterable[str] | None = None,
+    functions: tuple[str, ...] | None = None,
+) -> tuple[Mutant, ...]:
+    """The mutants of ``text`` (of ``functions`` only, when named, as
+    :func:`sites`): each valid Python, each different from the original and
+    from every other (a site that yields a text already seen is the same
+    mutant under another name, and is dropped)."""
     original = ast.dump(ast.parse(text))
     seen = {text}
     ids: set[str] = set()
     mutants = []
-    for site in sites(text, operators):
+    for site in sites(text, operators, functions):
         mutated = apply(text, site.edits)
         if mutated in seen:
             continue
@@ -99,6 +108,38 @@ def generate(text: str, operators: Iterable[str] | None = None) -> tuple[Mutant,
             )
         )
     return tuple(mutants)
+
+
+def defined_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """Module-level functions and class methods by qualified name."""
+    found: dict[str, ast.FunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            for member in node.body:
+                if isinstance(member, ast.FunctionDef):
+                    found[f"{node.name}.{member.name}"] = member
+    return found
+
+
+def _mutable_functions(
+    tree: ast.Module, functions: tuple[str, ...] | None
+) -> Iterator[ast.FunctionDef]:
+    if functions is None:
+        yield from (node for node in tree.body if isinstance(node, ast.FunctionDef))
+        return
+    defined = defined_functions(tree)
+    for name in functions:
+        if name not in defined:
+            raise UsageError(f"no function {name!r} to mutate")
+        # A named method's closures are its logic too (V1's caller dispatches
+        # through one), each mutated in a scope of its own.
+        yield from (
+            node
+            for node in ast.walk(defined[name])
+            if isinstance(node, ast.FunctionDef)
+        )
 
 
 def _live_nodes(function: ast.FunctionDef) -> Iterator[ast.AST]:

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dpsim.mutate.files import diff_name
 from dpsim.mutate.session import MutationReport, Result
 from dpsim.report import table
 
@@ -27,6 +28,9 @@ def summary(report: MutationReport) -> dict[str, Any]:
         "target": report.target,
         "file": report.file,
         "sha256": report.sha256,
+        "runner": report.plan.runner,
+        # What was mutated: the runner's sync or (V1) the caller method.
+        "slot": report.plan.slot,
         "operators": list(report.operators),
         "options": {
             "examples": budget.examples,
@@ -91,7 +95,7 @@ def _result(report: MutationReport, result: Result) -> dict[str, Any]:
         entry["reason"] = result.equivalent
         entry["checked"] = outcome.status
     if result.equivalent is not None or not outcome.killed:
-        entry["diff"] = mutant.diff(report.original)
+        entry["diff"] = mutant.diff(report.original, diff_name(report.plan.slot))
     return entry
 
 
@@ -144,7 +148,11 @@ def render(report: MutationReport) -> str:
         for result in report.survived:
             note = f"  [{result.outcome.message}]" if result.outcome.message else ""
             lines.append(f"\n{result.mutant.id}  {result.mutant.description}{note}")
-            lines.append(result.mutant.diff(report.original).rstrip())
+            lines.append(
+                result.mutant.diff(
+                    report.original, diff_name(report.plan.slot)
+                ).rstrip()
+            )
         lines.append("")
     for result in report.timeouts:
         lines.append(f"timeout: {result.mutant.id}  {result.outcome.message}")
@@ -183,5 +191,7 @@ def write(report: MutationReport, out: Path) -> Path:
         stale.unlink()
     for result in report.survived:
         name = re.sub(r"[^A-Za-z0-9_.+-]", "_", result.mutant.id)
-        (survivors / f"{name}.diff").write_text(result.mutant.diff(report.original))
+        (survivors / f"{name}.diff").write_text(
+            result.mutant.diff(report.original, diff_name(report.plan.slot))
+        )
     return written

@@ -82,13 +82,32 @@ class Plan:
     """What every mutant runs: the base to load it on, and the legs."""
 
     vllm: str | None
-    #: The original dp_utils.py, the baseline of relative legs.
+    #: The original file mutated, the baseline of relative legs.
     original: str
     legs: tuple[Leg, ...]
     budget: Budget
     inherited: tuple[Inherited, ...] = ()
     #: Seconds the original took over every leg: what a survivor costs.
     baseline_seconds: float = 0.0
+    #: The runner (None: the release's default).
+    runner: str | None = None
+    #: Which file a mutant replaces: ``sync`` (dp_utils.py, as ``--target``)
+    #: or ``caller`` (V1's gpu_model_runner.py, as ``--caller-file``).
+    slot: str = "sync"
+    #: The ``--target`` and ``--caller-file`` the original ran with: a
+    #: mutant replaces the one its slot names and keeps the other.
+    sync_file: str | None = None
+    caller_file: str | None = None
+
+    def load(self, path: str) -> Target:
+        """The target with ``path`` in this plan's slot."""
+        if self.slot == "caller":
+            return load_target(
+                self.vllm, self.sync_file, runner=self.runner, caller_file=path
+            )
+        return load_target(
+            self.vllm, path, runner=self.runner, caller_file=self.caller_file
+        )
 
 
 @dataclass(frozen=True)
@@ -136,11 +155,23 @@ def _order(scenarios: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(scenarios, key=lambda name: name != "step"))
 
 
-def baseline(target: Target, original: str, vllm: str | None, budget: Budget) -> Plan:
+def baseline(
+    target: Target,
+    original: str,
+    vllm: str | None,
+    budget: Budget,
+    *,
+    runner: str | None = None,
+    slot: str = "sync",
+    sync_file: str | None = None,
+    caller_file: str | None = None,
+) -> Plan:
     """Every leg, marked relative where the original already breaks a property.
 
     A leg is rerun without each property it breaks until it passes, so that
     every property the original breaks there is reported, not just the first.
+    ``runner``, ``slot``, ``sync_file`` and ``caller_file`` say how a mutant
+    loads (see :class:`Plan`).
     """
     started = time.perf_counter()
     legs = []
@@ -169,13 +200,17 @@ def baseline(target: Target, original: str, vllm: str | None, budget: Budget) ->
         budget=budget,
         inherited=tuple(inherited),
         baseline_seconds=time.perf_counter() - started,
+        runner=runner,
+        slot=slot,
+        sync_file=sync_file,
+        caller_file=caller_file,
     )
 
 
 @functools.lru_cache(maxsize=4)
-def _load_original(vllm: str | None, path: str) -> Target:
+def _load_original(plan: Plan) -> Target:
     # Once per worker process: every relative leg of every mutant uses it.
-    return load_target(vllm, path)
+    return plan.load(plan.original)
 
 
 def check_mutant(job: Job) -> MutantOutcome:
@@ -192,7 +227,7 @@ def check_mutant(job: Job) -> MutantOutcome:
         return time.perf_counter() - started
 
     try:
-        target = load_target(job.plan.vllm, job.path)
+        target = job.plan.load(job.path)
     except Exception as error:
         message = f"{type(error).__name__}: {error}"
         return MutantOutcome(
@@ -206,11 +241,7 @@ def check_mutant(job: Job) -> MutantOutcome:
                 job.mutant_id, SURVIVED, message=cap, elapsed=leg_started
             )
         try:
-            original = (
-                _load_original(job.plan.vllm, job.plan.original)
-                if leg.relative
-                else None
-            )
+            original = _load_original(job.plan) if leg.relative else None
             run = run_check(target, _options(leg, job.plan.budget, original)).runs[0]
         except Exception as error:
             # dpsim itself tripped over what the mutant returned: any check

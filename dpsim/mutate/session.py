@@ -1,4 +1,4 @@
-"""One mutation-testing run: mutants of a target's dp_utils, checked, scored.
+"""One mutation-testing run: mutants of a target's sync (or V1 caller), checked, scored.
 
 Why mutation testing here: a property suite that passes says nothing about
 the bugs it would miss. Planting small plausible bugs in the real sync
@@ -19,6 +19,7 @@ from pathlib import Path
 from dpsim.costs.figures import nearest_rank
 from dpsim.errors import UsageError
 from dpsim.mutate import equivalent
+from dpsim.mutate.files import mutated_file
 from dpsim.mutate.mutants import Mutant, generate, select_operators
 from dpsim.mutate.pool import run_jobs
 from dpsim.mutate.run import (
@@ -33,7 +34,6 @@ from dpsim.mutate.run import (
     check_mutant,
 )
 from dpsim.targets import load_target
-from dpsim.targets.load import DP_UTILS_MODULE
 
 #: Called as ``progress(done, planned, outcome)`` after each mutant.
 Progress = Callable[[int, int, MutantOutcome], None]
@@ -50,7 +50,7 @@ class Result:
 @dataclass(frozen=True)
 class MutationReport:
     target: str
-    #: The dp_utils.py mutated, and the SHA-256 of its text.
+    #: The file mutated, and the SHA-256 of its text.
     file: str
     sha256: str
     original: str
@@ -116,6 +116,9 @@ def mutate(
     vllm: str | None,
     target_file: str | None = None,
     *,
+    runner: str | None = None,
+    caller_file: str | None = None,
+    slot: str = "sync",
     operators: tuple[str, ...] | None = None,
     budget: Budget | None = None,
     workers: int = 1,
@@ -124,7 +127,9 @@ def mutate(
     equivalent_lists: tuple[Path, ...] = (),
     progress: Progress | None = None,
 ) -> MutationReport:
-    """Mutate the target's dp_utils.py and check every mutant.
+    """Mutate the target's sync file (``slot`` ``sync``: its runner's
+    dp_utils.py) or V1's caller method (``caller``: in gpu_model_runner.py,
+    or ``caller_file``) and check every mutant.
 
     ``only`` keeps the mutants with those ids (re-checking survivors after a
     fix). ``workers`` 0 checks in this process (no hard time limit: for tests and
@@ -139,10 +144,10 @@ def mutate(
         raise UsageError("--examples must be at least 1")
     started = time.perf_counter()
     chosen = select_operators(operators)
-    target = load_target(vllm, target_file)
-    loaded = next(f for f in target.files if f.module == DP_UTILS_MODULE)
-    original = Path(loaded.path).read_text()
-    mutants = generate(original, chosen)
+    target = load_target(vllm, target_file, runner=runner, caller_file=caller_file)
+    mutated = mutated_file(target, slot)
+    original = mutated.text
+    mutants = generate(original, chosen, mutated.functions)
     generated = len(mutants)
     if only:
         known = {mutant.id for mutant in mutants}
@@ -157,14 +162,23 @@ def mutate(
         # A seeded sample spread over the file, not the first N lines.
         picked = sorted(random.Random(budget.seed).sample(range(generated), limit))
         mutants = tuple(mutants[index] for index in picked)
-    listed = equivalent.for_file(loaded.sha256, equivalent_lists)
-    # Each mutant replaces dp_utils.py on the same base the original ran on.
-    plan = baseline(target, loaded.path, vllm, budget)
+    listed = equivalent.for_file(mutated.sha256, equivalent_lists)
+    # Each mutant replaces that file on the same base the original ran on.
+    plan = baseline(
+        target,
+        mutated.path,
+        vllm,
+        budget,
+        runner=target.runner,
+        slot=slot,
+        sync_file=None if target_file is None else str(target_file),
+        caller_file=None if caller_file is None else str(caller_file),
+    )
     outcomes: dict[str, MutantOutcome] = {}
     with tempfile.TemporaryDirectory(prefix="dpsim-mutants-") as directory:
         jobs = []
         for index, mutant in enumerate(mutants):
-            path = Path(directory) / f"m{index:04d}_dp_utils.py"
+            path = Path(directory) / f"m{index:04d}_{mutated.name}"
             path.write_text(mutant.text)
             jobs.append(Job(mutant.id, str(path), plan))
         for outcome in _outcomes(jobs, workers, budget):
@@ -176,8 +190,8 @@ def mutate(
     )
     return MutationReport(
         target=target.label,
-        file=loaded.path,
-        sha256=loaded.sha256,
+        file=mutated.path,
+        sha256=mutated.sha256,
         original=original,
         plan=plan,
         operators=chosen,
