@@ -3,7 +3,9 @@
 ``sim``    simulated rounds of the real sync (one call per rank) against the
            same calls made one after another with each collective answered
            instantly from a recorded run: the target's own cost. ``overhead``
-           is simulated time / bare time (>= 1; the goal is <= 1.3).
+           is simulated time / bare time (>= 1; the goal is <= 1.3). For the
+           V1 runner a call is the release's caller method, which dispatches,
+           syncs and dispatches again: the cost the simulator adds to.
 ``check``  cases simulated and judged per second at a fixed DP size (and,
            separately, end to end with Hypothesis' generation included).
 ``corpus`` seconds to the first counterexample for each faulty target of the
@@ -59,7 +61,12 @@ def sync_program(target: Target, ranks: int) -> Callable[[int], Any]:
 
 def bench_sim(target: Target, ranks: int, rounds: int) -> dict[str, Any]:
     figures = measure_overhead(sync_program(target, ranks), ranks, rounds)
-    return {"measure": "sim", "target": target.label, **figures}
+    return {
+        "measure": "sim",
+        "target": target.label,
+        "runner": target.runner,
+        **figures,
+    }
 
 
 def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
@@ -73,6 +80,7 @@ def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
     return {
         "measure": "check",
         "target": target.label,
+        "runner": target.runner,
         "ranks": ranks,
         "cases": report.examples,
         "seconds": seconds,
@@ -84,8 +92,11 @@ def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
     }
 
 
-def corpus_entries() -> list[tuple[str, Target, CheckOptions]]:
-    """Each faulty target of the corpus, with the check that should catch it."""
+def corpus_entries(
+    runner: str | None = None,
+) -> list[tuple[str, Target, CheckOptions]]:
+    """Each faulty target of the corpus (of ``runner``'s sync only, when
+    given), with the check that should catch it."""
     import tempfile
     from pathlib import Path
 
@@ -95,11 +106,14 @@ def corpus_entries() -> list[tuple[str, Target, CheckOptions]]:
     directory = Path(tempfile.mkdtemp(prefix="dpsim-corpus-"))
     entries = []
     for entry in corpus.CORPUS:
+        if runner is not None and entry.runner != runner:
+            continue
         path = corpus.materialize(entry, directory)
         options = CheckOptions(
             scenarios=(entry.scenario,), profile=entry.profile, policy=entry.policy
         )
-        entries.append((entry.name, load_target(entry.vllm, path), options))
+        target = load_target(entry.vllm, path, runner=entry.runner)
+        entries.append((entry.name, target, options))
     return entries
 
 
@@ -107,7 +121,9 @@ def bench_corpus(
     entries: Iterable[tuple[str, Target, CheckOptions]] | None = None,
 ) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    for name, target, options in entries if entries is not None else corpus_entries():
+    if entries is None:
+        entries = corpus_entries()
+    for name, target, options in entries:
         report = run_check(target, options)
         failed = report.first_failure
         rows.append(

@@ -10,6 +10,7 @@ from dpsim import bench
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
+from dpsim.options import add_runner_argument
 from dpsim.targets import load_target
 
 HELP = "measure simulator overhead, check throughput and time to counterexample"
@@ -19,17 +20,25 @@ measures:
   check   cases simulated and judged per second
   corpus  seconds to the first counterexample on each faulty target
 
+sim and check run each model runner of --vllm (V2's dispatch_cg_and_sync_dp,
+V1's coordinate_batch_across_dp under its real caller), one row each, unless
+--runner names one; corpus runs every faulty target, each on its own runner.
+
 examples:
   dpsim bench                         all measures, default sizes
   dpsim bench --vllm 0.29.0 --ranks 8 --json
   dpsim bench --measure sim --ranks 8 --ranks 64 --ranks 256
+  dpsim bench --measure sim --runner v1 --vllm 0.33.0
 """
 MEASURES = ("sim", "check", "corpus")
+#: The runners measured side by side when --runner names none, V2 first.
+RUNNERS_BESIDE = ("v2", "v1")
 
 
 def register(commands: Any) -> None:
     parser = add_command(commands, "bench", HELP, EPILOG)
     parser.add_argument("--vllm", default="0.29.0", metavar="SPEC")
+    add_runner_argument(parser)
     parser.add_argument(
         "--ranks",
         type=int,
@@ -58,19 +67,23 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError("--ranks must be at least 1")
     if arguments.ranks and max(arguments.ranks) > MAX_RANKS:
         raise UsageError(f"--ranks {max(arguments.ranks)}: at most {MAX_RANKS:,} ranks")
-    target = load_target(arguments.vllm)
+    runners = (arguments.runner,) if arguments.runner else RUNNERS_BESIDE
+    # Every runner refused before any is measured: a bad one costs nothing.
+    targets = [load_target(arguments.vllm, runner=runner) for runner in runners]
     results: list[dict[str, Any]] = []
     if "sim" in measures:
         for ranks in arguments.ranks or (8, 64, 256):
             rounds = arguments.rounds or max(10, 3200 // ranks)
-            results.append(bench.bench_sim(target, ranks, rounds))
-            _emit(results[-1], arguments.json)
+            for target in targets:
+                results.append(bench.bench_sim(target, ranks, rounds))
+                _emit(results[-1], arguments.json)
     if "check" in measures:
         for ranks in arguments.ranks or (4, 8):
-            results.append(bench.bench_check(target, ranks, 400))
-            _emit(results[-1], arguments.json)
+            for target in targets:
+                results.append(bench.bench_check(target, ranks, 400))
+                _emit(results[-1], arguments.json)
     if "corpus" in measures:
-        results.append(bench.bench_corpus())
+        results.append(bench.bench_corpus(bench.corpus_entries(arguments.runner)))
         _emit(results[-1], arguments.json)
     return 0
 
@@ -82,13 +95,15 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
     kind = result["measure"]
     if kind == "sim":
         print(
-            f"sim     {result['ranks']:>4} ranks  {result['rounds_per_s']:9.1f} rounds/s  "
+            f"sim     {result['runner']}  {result['ranks']:>4} ranks  "
+            f"{result['rounds_per_s']:9.1f} rounds/s  "
             f"bare {result['bare_rounds_per_s']:9.1f}/s  overhead {result['overhead']:.2f}",
             flush=True,
         )
     elif kind == "check":
         print(
-            f"check   {result['ranks']:>4} ranks  {result['cases_judged_per_s']:7.1f} cases "
+            f"check   {result['runner']}  {result['ranks']:>4} ranks  "
+            f"{result['cases_judged_per_s']:7.1f} cases "
             f"judged/s  ({result['end_to_end_cases_per_s']:.1f}/s with generation, "
             f"{result['cases']} cases)",
             flush=True,
