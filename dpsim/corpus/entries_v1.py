@@ -259,10 +259,8 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
                 "    if parallel_config.disable_nccl_for_dp_synchronization or eager:\n",
             ),
             (
-                "def _where_to_reduce(parallel_config: ParallelConfig) -> tuple[object, object]:\n",
-                "def _where_to_reduce(\n"
-                "    parallel_config: ParallelConfig, eager: bool = False\n"
-                ") -> tuple[object, object]:\n",
+                "    parallel_config: ParallelConfig,\n) -> tuple[str",
+                "    parallel_config: ParallelConfig,\n    eager: bool = False,\n) -> tuple[str",
             ),
             (
                 "    device, group = _where_to_reduce(parallel_config)\n",

@@ -84,7 +84,9 @@ class Votes:
         return padded.clone()
 
 
-def _where_to_reduce(parallel_config: ParallelConfig) -> tuple[object, object]:
+def _where_to_reduce(
+    parallel_config: ParallelConfig,
+) -> tuple[str | torch.device, object]:
     """The device and group of the exchange: the DP group's own device unless
     told to keep DP synchronisation off NCCL (then its CPU group)."""
     coordinator = get_dp_group()
