@@ -38,7 +38,8 @@ BENCH_POLICY = CapturePolicy(
 def sync_program(target: Target, ranks: int) -> Callable[[int], Any]:
     """Each rank makes one sync with a decode batch of its own size."""
     manager = target.build_manager(BENCH_POLICY.manager_config(ranks))
-    parallel_config = target.parallel_config(ranks, 0, None)
+    # One per rank: V1's caller reads its own rank from it.
+    configs = [target.parallel_config(ranks, rank, None) for rank in range(ranks)]
     inputs = [
         SyncInputs(
             num_reqs=1 + rank % 7,
@@ -48,13 +49,13 @@ def sync_program(target: Target, ranks: int) -> Callable[[int], Any]:
         )
         for rank in range(ranks)
     ]
-    call = target.api.call
+    api = target.api
 
     def program(rank: int) -> int:
-        descriptor, _ = call(
-            manager, inputs[rank], ranks, rank, parallel_config=parallel_config
+        native, _ = api.call(
+            manager, inputs[rank], ranks, rank, parallel_config=configs[rank]
         )
-        return int(descriptor.num_tokens)
+        return int(api.describe(native).num_tokens)
 
     return program
 

@@ -1,0 +1,46 @@
+"""dpsim bench: a row per model runner, each measured on its own runner.
+
+Figures are never asserted (speed targets live in dpsim.bench, not in timed
+tests): only that each row is there, names its runner and is well formed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpsim import bench
+from dpsim.cli import main
+from dpsim.targets import load_target
+
+pytestmark = pytest.mark.release
+
+
+def test_sim_and_check_have_a_row_per_runner(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ["bench", "--vllm", "0.33.0", "--ranks", "2", "--json"]
+    assert main([*common, "--measure", "sim", "--rounds", "3"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(row["measure"], row["runner"]) for row in rows] == [
+        ("sim", "v2"),
+        ("sim", "v1"),
+    ]
+    assert "V1 runner" in rows[1]["target"]
+    assert all(row["overhead"] > 0 and row["rounds"] == 3 for row in rows)
+    assert main([*common, "--measure", "sim", "--rounds", "3", "--runner", "v1"]) == 0
+    (only,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert only["runner"] == "v1"
+
+
+def test_check_measures_v1_cases() -> None:
+    row = bench.bench_check(load_target("0.33.0", runner="v1"), 2, 10)
+    assert row["runner"] == "v1" and row["cases"] >= 1
+    assert row["cases_judged_per_s"] > 0
+
+
+def test_corpus_entries_keep_to_their_runner() -> None:
+    v1 = bench.corpus_entries("v1")
+    assert v1 and all(target.runner == "v1" for _, target, _ in v1)
+    assert all(name.startswith("v1-") for name, _, _ in v1)
