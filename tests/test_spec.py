@@ -145,12 +145,13 @@ def test_a_file_target_without_a_runner_gets_the_runner_its_sync_belongs_to(
     assert parse_target("0.33.0", v2).runner == "v2"
 
 
-def test_a_file_target_of_neither_runner_is_refused_before_any_fetch(
+def test_a_file_target_of_neither_runner_gets_the_bases_runner(
     tmp_path: Path,
 ) -> None:
+    # Its loader refuses it, after naming anything else wrong in it.
     other = _file(tmp_path, "def helper():\n    return 1\n")
-    with pytest.raises(TargetError, match="defines neither coordinate_batch_across_dp"):
-        parse_target("0.99.1", other)
+    assert parse_target("0.33.0", other).runner == "v2"
+    assert parse_target("0.12.0", other).runner == "v1"
 
 
 def test_a_file_target_of_the_other_runner_is_refused_naming_the_right_one(

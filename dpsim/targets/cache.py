@@ -45,12 +45,20 @@ from pathlib import Path, PurePosixPath
 
 from dpsim.errors import TargetError
 from dpsim.targets.spec import DP_UTILS_IN_CHECKOUT as DP_UTILS
-from dpsim.targets.spec import RELEASE_PATTERN, check_release
+from dpsim.targets.spec import RELEASE_PATTERN, V1_DP_UTILS_IN_CHECKOUT, check_release
 
 MANIFEST = "dpsim-manifest.json"
 #: Beside the manifest: each file's stat when it last matched its SHA-256.
 STAMP = "dpsim-verified.json"
 
+#: What the V1 runner's loader reads beyond what V2 needs: the caller's file,
+#: the dispatcher, the batch descriptor and DP metadata, the LoRA capture counts.
+V1_WANTED = (
+    "vllm/v1/worker/gpu_model_runner.py",
+    "vllm/v1/cudagraph_dispatcher.py",
+    "vllm/forward_context.py",
+    "vllm/lora/utils.py",
+)
 #: Path prefixes (inside the wheel) that the loader and the generators read.
 WANTED = (
     "vllm/v1/worker/gpu/",
@@ -61,6 +69,7 @@ WANTED = (
     "vllm/utils/math_utils.py",
     "vllm/distributed/parallel_state.py",
     "vllm/_version.py",
+    *V1_WANTED,
 )
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -128,10 +137,17 @@ def _version_key(version: str) -> tuple[tuple[int, ...], str]:
     return tuple(int(part) for part in re.findall(r"\d+", version)), version
 
 
-def ensure_release(version: str, root: Path | None = None) -> Path:
+def ensure_release(
+    version: str, root: Path | None = None, *, runner: str | None = None
+) -> Path:
     """The cached package directory (``.../vllm``) of ``version``, fetched once
-    and verified against its manifest on every call."""
-    check_release(version)
+    and verified against its manifest on every call.
+
+    An entry fetched by a dpsim from before the V1 runner lacks V1's files; it
+    is sound, not damaged, and serves V2 as it is, but for ``runner="v1"`` it
+    is fetched again (once, said in one line on stderr).
+    """
+    check_release(version, runner)
     root = root or cache_root()
     entry = release_dir(version, root)
     if not os.path.lexists(entry):
@@ -139,7 +155,37 @@ def ensure_release(version: str, root: Path | None = None) -> Path:
             if not os.path.lexists(entry):
                 _fetch(version, entry)
     _verify_or_refuse(version, entry)
+    if runner == "v1" and not _extracted(entry, V1_WANTED):
+        _upgrade_for_v1(version, entry)
     return entry / "vllm"
+
+
+def _extracted(entry: Path, wanted: tuple[str, ...]) -> bool:
+    """Whether the fetch that made ``entry`` extracted every path of ``wanted``
+    (recorded in its manifest; a file the release lacks is then simply absent)."""
+    try:
+        recorded = json.loads((entry / MANIFEST).read_bytes()).get("wanted", [])
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(recorded, list) and set(wanted) <= set(recorded)
+
+
+def _upgrade_for_v1(version: str, entry: Path) -> None:
+    note = (
+        f"dpsim: fetching vllm {version} again (a ~300 MB wheel, once): its cache "
+        "entry predates dpsim's V1 runner and lacks the V1 caller's files"
+    )
+    with _fetch_lock(version, entry):
+        if _extracted(entry, V1_WANTED):
+            return  # another process upgraded it meanwhile
+        try:
+            _fetch(version, entry, note=note)
+        except TargetError as error:
+            raise TargetError(
+                f"the cached vllm {version} predates dpsim's V1 runner (it lacks "
+                f"the V1 caller's files) and fetching it again failed: {error}"
+            ) from None
+    _verify_or_refuse(version, entry)
 
 
 def refetch_release(version: str, root: Path | None = None) -> Path:
@@ -181,11 +227,14 @@ def _unwritable(version: str, entry: Path, error: OSError) -> TargetError:
     )
 
 
-def _fetch(version: str, entry: Path) -> None:
+def _fetch(version: str, entry: Path, note: str | None = None) -> None:
     parent = entry.parent
     print(
-        f"dpsim: fetching vllm {version} (a ~300 MB wheel, once; "
-        f"keeping ~1 MB of it in {parent})",
+        note
+        or (
+            f"dpsim: fetching vllm {version} (a ~300 MB wheel, once; "
+            f"keeping ~1.5 MB of it in {parent})"
+        ),
         file=sys.stderr,
         flush=True,
     )
@@ -199,12 +248,18 @@ def _fetch(version: str, entry: Path) -> None:
             wheel = _download(version, Path(download))
             files = _extract(wheel, Path(staging))
             wheel.unlink()
-            if DP_UTILS not in files:
+            if DP_UTILS not in files and V1_DP_UTILS_IN_CHECKOUT not in files:
                 raise TargetError(
-                    f"vllm {version} has no {DP_UTILS} (the GPU model runner's DP "
-                    "sync, vLLM 0.15 and later): dpsim has nothing to test in it"
+                    f"vllm {version} has no {DP_UTILS} (the V2 model runner's DP "
+                    f"sync, vLLM 0.15 and later) nor {V1_DP_UTILS_IN_CHECKOUT} (the "
+                    "V1 runner's, 0.11.1 and later): dpsim has nothing to test in it"
                 )
-            manifest = {"version": version, "source": "pip download", "files": files}
+            manifest = {
+                "version": version,
+                "source": "pip download",
+                "files": files,
+                "wanted": list(WANTED),
+            }
             (Path(staging) / MANIFEST).write_text(json.dumps(manifest, indent=1))
             os.chmod(staging, 0o755)  # shared caches: readable by every user
             _commit(Path(staging), entry)
@@ -289,7 +344,9 @@ def _manifest(entry: Path, version: str) -> tuple[dict[str, str], str]:
     if recorded != version:
         raise _Damage(f"{MANIFEST} records vllm {recorded}")
     files = manifest.get("files")
-    if not isinstance(files, dict) or DP_UTILS not in files:
+    if not isinstance(files, dict) or (
+        DP_UTILS not in files and V1_DP_UTILS_IN_CHECKOUT not in files
+    ):
         raise _Damage(f"{MANIFEST} does not list {DP_UTILS}")
     for name, digest in files.items():
         if (

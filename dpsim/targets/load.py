@@ -176,7 +176,7 @@ def source_paths(spec: TargetSpec, modules: Iterable[str]) -> dict[str, Path | N
 
 def _package_dir(spec: TargetSpec) -> Path:
     if isinstance(spec.base, ReleaseSpec):
-        return ensure_release(spec.base.version)
+        return ensure_release(spec.base.version, runner=spec.runner)
     return spec.base.package_dir
 
 

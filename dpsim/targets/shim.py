@@ -226,7 +226,9 @@ class ModuleLoader:
     ``package_dir`` is the directory that plays ``vllm/``; ``overrides`` maps
     module names to files that replace the package's own (a user's
     ``dp_utils.py``); ``stand_ins`` maps module names to the attributes they
-    define for real.
+    define for real; ``executed`` and ``lenient`` name the modules run from
+    source, strictly and statement by statement (a runner's own sets: the V1
+    runner executes other files than V2).
     """
 
     def __init__(
@@ -235,10 +237,14 @@ class ModuleLoader:
         *,
         overrides: Mapping[str, Path] | None = None,
         stand_ins: Mapping[str, Mapping[str, Any]] | None = None,
+        executed: frozenset[str] = EXECUTED,
+        lenient: frozenset[str] = LENIENT,
     ) -> None:
         self.package_dir = package_dir
         self.overrides = dict(overrides or {})
         self.stand_ins = dict(stand_ins or {})
+        self.executed = executed
+        self.lenient = lenient
         self.loaded: list[LoadedFile] = []
         self._modules: dict[str, types.ModuleType] = {}
         self._builtins = dict(builtins.__dict__)
@@ -254,9 +260,9 @@ class ModuleLoader:
         source = self.source_path(name)
         if name in self.stand_ins:
             made = self._stand_in(name)
-        elif source is not None and name in EXECUTED:
+        elif source is not None and name in self.executed:
             made = self._execute(name, source, lenient=False)
-        elif source is not None and name in LENIENT:
+        elif source is not None and name in self.lenient:
             made = self._execute(name, source, lenient=True)
         else:
             made = ShimModule(name, self)

@@ -221,12 +221,9 @@ def parse_target(
             )
         runner = "v1"
     file_runner = None if path is None else _file_runner(path, str(target_file))
-    if path is not None and file_runner is None:
-        raise TargetError(
-            f"--target {target_file} defines neither {V1_ENTRY} (the V1 runner's "
-            f"sync) nor {', '.join(V2_ENTRIES[:2])} (V2's): "
-            "not a vLLM dp_utils module"
-        )
+    # A file defining neither runner's sync gets the base's runner, whose
+    # loader refuses it in one line after naming whatever else is wrong in it
+    # (a syntax error, an exit at import).
     if runner is None:
         runner = file_runner or _base_runner(base)
     elif file_runner is not None and file_runner != runner:
@@ -265,7 +262,7 @@ def _defines(text: str, names: tuple[str, ...]) -> bool:
 
 def _file_runner(path: Path, shown: str) -> str | None:
     """The runner a ``--target`` file's sync belongs to, read off its text;
-    None when it defines neither."""
+    None when it defines neither (the loader then says what it is not)."""
     try:
         text = path.read_text(errors="replace")
     except OSError as error:

@@ -1,0 +1,351 @@
+"""The V1 caller method, taken out of ``gpu_model_runner.py`` and made runnable.
+
+From 0.12 ``GPUModelRunner._determine_batch_execution_and_padding`` decides a
+step's cudagraph mode, padding and microbatching around the DP sync. The file
+around it imports half of vLLM, so it is not executed: the method (and every
+method of the class it calls on ``self``) is cut out of the parsed file,
+stripped of decorators and annotations (annotations name types dpsim does not
+load, and Python evaluates them when a function is defined), given a tick in
+every loop like any loaded code, and compiled with the file's real name and
+line numbers, so tracebacks and coverage name vLLM's lines.
+
+What the method reads off ``self`` is found by walking its syntax tree for
+``self.x.y`` chains, as :mod:`dpsim.targets.adapters` reads V2's signatures;
+:func:`runner_self` then builds a strict stand-in answering exactly the
+chains dpsim models (:data:`MODELLED_READS`) and raising, with the line that
+reads it, on any other.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import CodeType, MethodType
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.targets.shim import TICK_NAME, _TickEveryLoop
+from dpsim.targets.v1.strict import StrictView, view_of_paths
+
+RUNNER_CLASS = "GPUModelRunner"
+CALLER_METHOD = "_determine_batch_execution_and_padding"
+OWNER = RUNNER_CLASS
+
+#: The chains of ``self`` attributes dpsim answers, and what each holds (a
+#: name of :class:`RunnerState`'s fields). A chain the method reads that
+#: extends one of these (``self.cudagraph_dispatcher.dispatch``) is the held
+#: object's own business.
+MODELLED_READS: dict[tuple[str, ...], str] = {
+    ("uniform_decode_query_len",): "uniform_decode_query_len",
+    ("cudagraph_dispatcher",): "dispatcher",
+    ("input_batch", "lora_id_to_lora_request"): "lora_requests",
+    ("parallel_config",): "parallel_config",
+    ("vllm_config", "parallel_config"): "parallel_config",
+    ("compilation_config", "cudagraph_mode"): "cudagraph_mode",
+    ("vllm_config", "compilation_config", "cudagraph_mode"): "cudagraph_mode",
+    # Sequence parallelism (0.12-0.32's _pad_for_sequence_parallelism) and
+    # encoder-decoder models are outside what dpsim models: off, as by default.
+    ("compilation_config", "pass_config", "enable_sp"): "off",
+    ("vllm_config", "compilation_config", "pass_config", "enable_sp"): "off",
+    ("model_config", "is_encoder_decoder"): "off",
+    # CUDA-graph metrics change no decision; off, as by default.
+    ("vllm_config", "observability_config", "cudagraph_metrics"): "off",
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method cut out of the runner class."""
+
+    name: str
+    node: ast.FunctionDef = field(repr=False)
+    static: bool
+    first_line: int
+    last_line: int
+    #: Each ``self`` attribute chain it reads, with the first line reading it.
+    reads: dict[tuple[str, ...], int] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The caller method of one release, ready to run on a stand-in ``self``."""
+
+    path: Path
+    version: str | None
+    entry: Method
+    #: Every method extracted, the entry first.
+    methods: tuple[Method, ...]
+    functions: dict[str, Callable[..., Any]] = field(repr=False)
+    #: The entry's parameters, as vLLM declares them.
+    parameters: tuple[str, ...]
+    #: Chains read that dpsim answers; reading any other raises.
+    answered: tuple[tuple[str, ...], ...]
+    #: Chains read that dpsim does not answer (they raise if reached).
+    unanswered: tuple[tuple[str, ...], ...]
+    #: Global names the methods use, and whether dpsim supplies each.
+    globals_used: dict[str, bool] = field(repr=False)
+
+    @property
+    def function(self) -> Callable[..., Any]:
+        return self.functions[self.entry.name]
+
+    @property
+    def lines(self) -> str:
+        return f"{self.path.name}:{self.entry.first_line}-{self.entry.last_line}"
+
+    def where(self, dotted: str) -> str:
+        """Where vLLM reads ``self.<dotted>`` (for a stand-in's refusal)."""
+        wanted = tuple(dotted.split("."))
+        for method in self.methods:
+            for chain, line in sorted(method.reads.items(), key=lambda item: item[1]):
+                if chain[: len(wanted)] == wanted:
+                    return (
+                        f"vLLM {self.version or '(this tree)'} reads it in "
+                        f"{RUNNER_CLASS}.{method.name}, {self.path.name}:{line}"
+                    )
+        return (
+            f"vLLM {self.version or '(this tree)'}'s {CALLER_METHOD} does not read it"
+        )
+
+
+@dataclass(frozen=True)
+class RunnerState:
+    """What the stand-in ``self`` of one rank holds for one call."""
+
+    uniform_decode_query_len: int
+    dispatcher: Any
+    parallel_config: Any
+    cudagraph_mode: Any
+    num_active_loras: int
+
+    def value(self, name: str) -> Any:
+        if name == "off":
+            return False
+        if name == "lora_requests":
+            # The runner's live LoRA requests by id; only their count is read.
+            return {lora_id: None for lora_id in range(1, self.num_active_loras + 1)}
+        return getattr(self, name)
+
+
+def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Caller:
+    """Cut :data:`CALLER_METHOD` and the methods it calls on ``self`` out of
+    ``path`` and compile them against ``globals_``; a one-line
+    :class:`TargetError` when the file has no such method."""
+    try:
+        source = path.read_bytes()
+        tree = ast.parse(source, filename=str(path))
+    except SyntaxError as error:
+        raise TargetError(
+            f"{path}:{error.lineno}: cannot parse ({error.msg})"
+        ) from error
+    except OSError as error:
+        raise TargetError(f"cannot read {path}: {error.strerror}") from error
+    runner = next(
+        (
+            node
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and node.name == RUNNER_CLASS
+        ),
+        None,
+    )
+    if runner is None:
+        raise TargetError(
+            f"{path}: no class {RUNNER_CLASS} (not vLLM's V1 model runner)"
+        )
+    defined = {
+        node.name: node for node in runner.body if isinstance(node, ast.FunctionDef)
+    }
+    if CALLER_METHOD not in defined:
+        raise TargetError(
+            f"{path}: {RUNNER_CLASS} has no {CALLER_METHOD} (the V1 caller dpsim "
+            "runs, vLLM 0.12 and later)"
+        )
+    methods = _methods_needed(defined)
+    namespace: dict[str, Any] = dict(globals_)
+    namespace["__builtins__"] = builtins.__dict__
+    used: dict[str, bool] = {}
+    functions: dict[str, Callable[..., Any]] = {}
+    for method in methods:
+        for name in sorted(_free_names(method.node)):
+            used[name] = name in namespace
+            if name not in namespace:
+                namespace[name] = _Unsupplied(name, path, version)
+        functions[method.name] = _compile(method, path, namespace)
+    entry = methods[0]
+    reads = {chain for method in methods for chain in method.reads}
+    own_methods = {(method.name,) for method in methods}
+    answered = sorted(
+        chain
+        for chain in reads
+        if chain in own_methods or _modelled_prefix(chain) is not None
+    )
+    return Caller(
+        path=path,
+        version=version,
+        entry=entry,
+        methods=methods,
+        functions=functions,
+        parameters=tuple(inspect.signature(functions[entry.name]).parameters)[1:],
+        answered=tuple(answered),
+        unanswered=tuple(sorted(reads - set(answered))),
+        globals_used=used,
+    )
+
+
+def runner_self(caller: Caller, state: RunnerState) -> StrictView:
+    """The strict ``self`` of one rank: the modelled chains the methods read,
+    and the methods they call on ``self``, nothing else."""
+    values: dict[tuple[str, ...], Any] = {}
+    for chain in caller.answered:
+        if len(chain) == 1 and chain[0] in caller.functions:
+            continue
+        prefix = _modelled_prefix(chain)
+        assert prefix is not None
+        values[prefix] = state.value(MODELLED_READS[prefix])
+    methods: dict[str, Any] = {}
+    view = view_of_paths(OWNER, values, where=caller.where)
+    for method in caller.methods[1:]:
+        function = caller.functions[method.name]
+        methods[method.name] = function if method.static else MethodType(function, view)
+    if methods:
+        # Bound methods need the view itself: add them to its own values.
+        object.__getattribute__(view, "_dpsim_view")[3].update(methods)
+    return view
+
+
+def _modelled_prefix(chain: tuple[str, ...]) -> tuple[str, ...] | None:
+    for length in range(len(chain), 0, -1):
+        if chain[:length] in MODELLED_READS:
+            return chain[:length]
+    return None
+
+
+def _methods_needed(defined: Mapping[str, ast.FunctionDef]) -> tuple[Method, ...]:
+    """The caller and, transitively, each method of the class it reads off ``self``."""
+    order = [CALLER_METHOD]
+    found: dict[str, Method] = {}
+    while order:
+        name = order.pop(0)
+        if name in found:
+            continue
+        node = defined[name]
+        reads = _self_reads(node)
+        found[name] = Method(
+            name=name,
+            node=node,
+            static=any(_is_name(d, "staticmethod") for d in node.decorator_list),
+            first_line=node.lineno,
+            last_line=node.end_lineno or node.lineno,
+            reads=reads,
+        )
+        order.extend(
+            chain[0] for chain in reads if len(chain) == 1 and chain[0] in defined
+        )
+    return tuple(found.values())
+
+
+def _self_reads(node: ast.FunctionDef) -> dict[tuple[str, ...], int]:
+    """Each longest ``self.a.b`` chain in ``node``, with the first line reading it."""
+    inner: set[int] = set()
+    chains: dict[tuple[str, ...], int] = {}
+    for attribute in ast.walk(node):
+        if isinstance(attribute, ast.Attribute):
+            inner.add(id(attribute.value))
+    for attribute in ast.walk(node):
+        if not isinstance(attribute, ast.Attribute) or id(attribute) in inner:
+            continue
+        parts: list[str] = []
+        current: ast.expr = attribute
+        while isinstance(current, ast.Attribute):
+            parts.append(current.attr)
+            current = current.value
+        if _is_name(current, "self"):
+            chain = tuple(reversed(parts))
+            chains[chain] = min(chains.get(chain, attribute.lineno), attribute.lineno)
+    return chains
+
+
+def _is_name(node: ast.expr, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _free_names(node: ast.FunctionDef) -> set[str]:
+    """Global names ``node`` loads: loaded, never bound inside, not builtins."""
+    loaded: set[str] = set()
+    bound: set[str] = set()
+    for part in ast.walk(node):
+        if isinstance(part, ast.Name):
+            (loaded if isinstance(part.ctx, ast.Load) else bound).add(part.id)
+        elif isinstance(part, ast.arg):
+            bound.add(part.arg)
+        elif isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if part is not node:
+                bound.add(part.name)
+        elif isinstance(part, ast.alias):
+            bound.add((part.asname or part.name).split(".")[0])
+    return loaded - bound - set(dir(builtins))
+
+
+class _StripAnnotations(ast.NodeTransformer):
+    """Drop annotations: they name types dpsim does not load, and change nothing."""
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
+        self.generic_visit(node)
+        node.returns = None
+        for argument in (
+            *node.args.posonlyargs,
+            *node.args.args,
+            *node.args.kwonlyargs,
+            *(a for a in (node.args.vararg, node.args.kwarg) if a is not None),
+        ):
+            argument.annotation = None
+        return node
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        if node.value is None:
+            return ast.copy_location(ast.Pass(), node)
+        assign = ast.Assign(targets=[node.target], value=node.value)
+        return ast.copy_location(assign, node)
+
+
+def _compile(
+    method: Method, path: Path, namespace: dict[str, Any]
+) -> Callable[..., Any]:
+    node = copy.deepcopy(method.node)  # the transformers below edit in place
+    node.decorator_list = []
+    module = ast.Module(body=[node], type_ignores=[])
+    module = _TickEveryLoop().visit(_StripAnnotations().visit(module))
+    ast.fix_missing_locations(module)
+    code: CodeType = compile(module, str(path), "exec", dont_inherit=True)
+    namespace.setdefault(TICK_NAME, _tick())
+    exec(code, namespace)
+    function = namespace.pop(method.name)
+    assert callable(function)
+    return function
+
+
+def _tick() -> Callable[[], None]:
+    from dpsim.targets import runtime
+
+    return runtime.tick
+
+
+class _Unsupplied:
+    """A global name the caller uses that dpsim does not supply: any use of it
+    raises, naming it, instead of computing with a made-up value."""
+
+    def __init__(self, name: str, path: Path, version: str | None) -> None:
+        self._text = (
+            f"dpsim supplies no {name!r} to vLLM {version or '(this tree)'}'s "
+            f"{RUNNER_CLASS} methods ({path.name} uses it)"
+        )
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise NameError(self._text)
+
+    __call__ = __getattr__ = __bool__ = __iter__ = __getitem__ = _refuse
