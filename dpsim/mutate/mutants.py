@@ -3,8 +3,10 @@
 Only the module's functions are mutated (the sync and its helpers), never the
 ``DPSyncState`` class or imports, and never the manager: dpsim runs vLLM's own
 ``CudaGraphManager``, and mutation testing asks whether the properties notice a
-wrong *sync*. Mutants are produced from the text at run time and written only
-to a temporary directory, so no vLLM code lands in this repository.
+wrong *sync*. A file of which dpsim runs one method only (V1's caller in
+``gpu_model_runner.py``) names it, and only that method is mutated. Mutants are
+produced from the text at run time and written only to a temporary directory,
+so no vLLM code lands in this repository.
 """
 
 from __future__ import annotations
