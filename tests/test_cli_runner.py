@@ -7,6 +7,7 @@ empty cache and no package index, so a fetch would fail the test).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import faults as faulty
@@ -221,3 +222,36 @@ def test_replay_runs_the_recorded_runner_unless_told() -> None:
     assert other.overridden
     swapped = choose(recorded, runner="v2")
     assert (swapped.vllm, swapped.runner, swapped.overridden) == ("0.33.0", "v2", True)
+
+
+# -- on real releases -----------------------------------------------------------------
+
+
+@pytest.mark.release
+def test_targets_shows_the_v1_caller_dispatcher_and_group_it_loaded(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["targets", "--runner", "v1", "0.12.0", "0.33.0"]) == 0
+    out = capsys.readouterr().out
+    assert "vllm 0.12.0 (V1 runner)\n  runner:     v1\n" in out
+    assert "GPUModelRunner._determine_batch_execution_and_padding" in out
+    assert "gpu_model_runner.py:2744-2823" in out  # the method's own lines
+    assert "gpu_model_runner.py:3684-3786" in out
+    assert "  group:      get_dp_group().device_group\n" in out
+    assert main(["targets", "--json", "--runner", "v1", "0.33.0"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["runner"] == "v1"
+    assert described["spec"]["runner"] == "v1"
+    assert described["v1"]["caller"]["lines"] == [3684, 3786]
+    assert described["v1"]["sync"]["entry"] == "coordinate_batch_across_dp"
+
+
+@pytest.mark.release
+def test_targets_loads_each_release_with_its_default_runner(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["targets", "--json", "0.12.0", "0.33.0"]) == 0
+    runners = [
+        json.loads(line)["runner"] for line in capsys.readouterr().out.splitlines()
+    ]
+    assert runners == ["v1", "v2"]

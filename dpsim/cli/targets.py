@@ -21,6 +21,7 @@ from dpsim.targets.cache import (
     refetch_release,
 )
 from dpsim.targets.spec import ReleaseSpec, check_release, parse_base
+from dpsim.targets.v1.load import V1Target
 
 HELP = "fetch, load and show targets (cached releases when none are named)"
 EPILOG = """\
@@ -156,8 +157,9 @@ def fetch(
 
 def describe(target: Target) -> dict[str, Any]:
     api = target.api
-    return {
+    described = {
         "target": target.label,
+        "runner": target.runner,
         "spec": target.spec.to_dict(),
         "version": target.version,
         "entry": api.entry,
@@ -169,24 +171,50 @@ def describe(target: Target) -> dict[str, Any]:
         "features": list(api.features),
         "files": {loaded.module: loaded.sha256 for loaded in target.files},
     }
+    if isinstance(target, V1Target):
+        described["v1"] = target.what_loaded()
+    return described
 
 
 def render(target: Target) -> str:
     api = target.api
-    agreement = (
-        f"DPSyncState({', '.join(api.agreement_fields)})"
-        if api.agreement_fields
-        else "num_tokens_across_dp tensor (no DPSyncState)"
-    )
+    if isinstance(target, V1Target):
+        agreement = f"{', '.join(api.agreement_fields)} (returned by the sync)"
+    elif api.agreement_fields:
+        agreement = f"DPSyncState({', '.join(api.agreement_fields)})"
+    else:
+        agreement = "num_tokens_across_dp tensor (no DPSyncState)"
     rows = f", {api.tensor_rows}-row tensor" if api.tensor_rows else ""
+    descriptor = target.BatchExecutionDescriptor.__name__
     lines = [
         target.label,
+        f"  runner:     {target.runner}",
         f"  entry:      {api.entry}({', '.join(api.parameters)})",
+        *(_v1_lines(target) if isinstance(target, V1Target) else ()),
         f"  collective: {api.collective}{rows}",
         f"  agreement:  {agreement}",
-        f"  descriptor: BatchExecutionDescriptor({', '.join(api.descriptor_fields)})",
+        f"  descriptor: {descriptor}({', '.join(api.descriptor_fields)})",
         f"  features:   {' '.join(api.features) or '(none beyond the basic sync)'}",
     ]
     for loaded in target.files:
         lines.append(f"  loaded:     {loaded.path}  sha256 {loaded.sha256[:12]}")
     return "\n".join(lines)
+
+
+def _v1_lines(target: V1Target) -> list[str]:
+    """The V1 runner's caller (real, with its lines, or modelled), its
+    dispatcher and the group its sync reduces on."""
+    loaded = target.what_loaded()
+    caller = loaded["caller"]
+    if caller == "modelled":
+        said = "modelled caller (this release calls the sync inside _prepare_inputs)"
+    else:
+        first, last = caller["lines"]
+        said = f"{caller['method']}  {caller['file']}:{first}-{last}"
+        if caller["also"]:
+            said += f" (with {', '.join(caller['also'])})"
+    return [
+        f"  caller:     {said}",
+        f"  dispatcher: {loaded['dispatcher']}",
+        f"  group:      {loaded['group']}",
+    ]
