@@ -157,6 +157,53 @@ def idle_case_on_033(directory: Path) -> Path:
     )
 
 
+def v1_mode_not_synced_on_033(directory: Path) -> Path:
+    """A V1-runner counterexample file: the corpus's ``v1-mode-not-synced``
+    twin (each rank returns its own graph mode) under 0.33.0's real caller, on
+    the 2-rank decode step `dpsim check --runner v1` shrank to: one rank
+    replays a FULL graph of 2 tokens, the other (4 tokens, past the largest
+    graph) runs eager, and their MoE collectives differ (a hang)."""
+    from dpsim import cex
+    from dpsim.corpus import entry
+    from dpsim.corpus.model import materialize
+    from dpsim.properties import PROPERTY_NAMES, judge
+    from dpsim.scenarios import run_case
+    from dpsim.targets import load_target
+
+    source = materialize(entry("v1-mode-not-synced"), directory)
+    case = Case(
+        scenario="step",
+        profile="caller",
+        policy=CapturePolicy(
+            capture_sizes=(2,),
+            cudagraph_mode="FULL",
+            max_num_seqs=2,
+            decode_query_len=2,
+            lora_capture_cases=(0, 2),
+        ),
+        steps=(
+            tuple(
+                RankBatch(
+                    num_reqs=requests,
+                    num_tokens=2 * requests,
+                    uniform_token_count=2,
+                    max_query_len=2,
+                    allow_ubatching=True,
+                    kind="decode",
+                )
+                for requests in (1, 2)
+            ),
+        ),
+    )
+    target = load_target("0.33.0", source, runner="v1")
+    result = run_case(target, case)
+    verdicts = tuple(judge(case, result))
+    return cex.write(
+        cex.files.build(target, case, result, verdicts, PROPERTY_NAMES),
+        directory / "out",
+    )
+
+
 #: A dp_utils that votes on tokens, eager mode and the uniform decode length
 #: (0.20 API), as vLLM's does. ``PAD_FROM``
 #: decides whose token count the shared graph is chosen from: the rank's own

@@ -96,6 +96,48 @@ def test_the_real_033_idle_rank_case_replays_identically(
     )
 
 
+def test_a_v1_runner_counterexample_records_its_runner_and_replays_byte_for_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = faulty.v1_mode_not_synced_on_033(tmp_path)
+    recorded = cex.read(found)
+    assert files.encode(recorded) == found.read_text()
+    assert recorded.target["spec"]["runner"] == "v1"
+    assert "vllm.v1.worker.gpu_model_runner" in recorded.target["files"]
+    assert recorded.verdicts[0]["property"] == "no-hang"
+    assert main(["replay", str(found), "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["status"], summary["runner"]) == (REPRODUCED, "v1")
+    # The V2 runner of the same release, named: the V1 file is left behind.
+    assert main(["replay", str(found), "--runner", "v2", "--json"]) in (0, 1)
+    assert json.loads(capsys.readouterr().out)["runner"] == "v2"
+
+
+def test_a_file_without_a_runner_replays_as_the_v2_file_it_is(
+    idle_hang_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Every file written before dpsim knew V1 lacks the key; V2 files still do.
+    assert "runner" not in json.loads(idle_hang_file.read_text())["target"]["spec"]
+    assert main(["replay", str(idle_hang_file), "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["status"], summary["runner"]) == (REPRODUCED, "v2")
+
+
+def test_a_v1_record_changed_under_it_is_refused_naming_the_v1_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    found = faulty.v1_mode_not_synced_on_033(tmp_path)
+    data = json.loads(found.read_text())
+    del data["target"]["files"]["vllm.v1.cudagraph_dispatcher"]
+    found.write_text(json.dumps(data))
+    assert main(["replay", str(found)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        "dpsim: error: the counterexample's target changed: "
+        "vllm.v1.cudagraph_dispatcher: executed by every V1 target, not recorded;"
+    )
+
+
 def test_check_out_writes_a_regression_test_that_fails_while_the_bug_is_there(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

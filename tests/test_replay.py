@@ -125,6 +125,21 @@ def test_the_real_033_idle_rank_case_replays_on_gloo_through_the_cli(
     assert summary["lane"]["verdicts"] == list(recorded.verdicts)
 
 
+def test_a_v1_runner_counterexample_replays_on_gloo_and_agrees(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # V1's sync reduces on the DP device group: the lane's gloo stand-in for it.
+    found = faulty.v1_mode_not_synced_on_033(tmp_path)
+    recorded = cex.read(found)
+    args = ["replay", str(found), "--backend", "gloo", "--timeout", str(TIMEOUT_S)]
+    assert main([*args, "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["runner"] == "v1"
+    assert summary["lane"]["disagreements"] == []
+    assert summary["lane"]["outcome"] == recorded.outcome == "mismatch"
+    assert summary["lane"]["verdicts"] == list(recorded.verdicts)
+
+
 def test_the_watchdog_ends_a_rank_stuck_outside_any_collective(tmp_path: Path) -> None:
     source = faulty.write(tmp_path, "sleeps.py", faulty.IDLE_SLEEPS)
     lane = run_lane(
