@@ -113,6 +113,36 @@ def test_suite_against_a_release_with_xdist_and_junit(tmp_path: Path) -> None:
 
 
 @pytest.mark.release
+def test_the_suite_runs_the_v1_runner_named_in_the_environment(
+    tmp_path: Path,
+) -> None:
+    report = tmp_path / "junit.xml"
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "no:cacheprovider"),
+            *("--pyargs", "dpsim.suite", "--dpsim-vllm", "0.33.0"),
+            *("--dpsim-examples", "5", f"--junitxml={report}", "-rs"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DPSIM_RUNNER": "v1"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    skipped = {
+        case.get("name"): [
+            child.get("message") for child in case if child.tag == "skipped"
+        ]
+        for case in cases
+    }
+    # V1 has no drafter scenario: skipped, saying whose target it is.
+    assert skipped["test_step"] == skipped["test_ubatch"] == []
+    assert "(V1 runner)" in skipped["test_drafter"][0]
+
+
+@pytest.mark.release
 def test_a_failure_in_a_source_tree_is_replayed_first_by_another_process(
     tmp_path: Path,
 ) -> None:
@@ -165,6 +195,9 @@ def test_bad_options_are_one_line_usage_errors(tmp_path: Path) -> None:
     run = _pytest(tmp_path, "--pyargs", "dpsim.suite", "--dpsim-db", "ftp://x")
     assert run.returncode == 4
     assert "expected DIR, redis://" in run.stderr
+    run = _pytest(tmp_path, "--pyargs", "dpsim.suite", "--dpsim-runner", "v3")
+    assert run.returncode == 4
+    assert "dpsim: runner 'v3': expected one of v1, v2" in run.stderr
 
 
 def test_database_spellings(tmp_path: Path) -> None:
