@@ -10,7 +10,6 @@ returned mode, and vLLM's own assertion on the result) is vLLM's, not a model.
 from __future__ import annotations
 
 from dpsim.corpus.model import (
-    AGREED_FOR_PER_RANK,
     COLLECTIVE_SKIPPED,
     EAGER_AND_GRAPH,
     EXTRA_COLLECTIVE,
@@ -30,6 +29,17 @@ _V1_TWO_WAY_SPLIT = CapturePolicy(
     max_num_seqs=16,
     microbatching=Microbatching(
         num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
+    ),
+)
+
+#: Both thresholds at 8 with a FULL graph at 8, so a rank of 7 tokens (no vote)
+#: beside a rank of 8 (a vote) fills both halves of the 8-token split.
+_V1_THRESHOLD_AT_A_GRAPH = CapturePolicy(
+    capture_sizes=(4, 8, 16),
+    cudagraph_mode=CudagraphMode.FULL,
+    max_num_seqs=16,
+    microbatching=Microbatching(
+        num_ubatches=2, decode_token_threshold=8, prefill_token_threshold=8
     ),
 )
 
@@ -71,28 +81,14 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
         upstream=("vllm#30173", "vllm#34102"),
         docstring=(
             "the synced graph mode is the most any rank can run instead of the "
-            "least. A rank that must run eager keeps running eager (its "
-            "re-dispatch is held to NONE), while every other rank replays the "
-            "graph the best rank could: eager on some ranks, a graph on others."
+            "least. Every rank re-dispatches at the agreed count held to that "
+            "mode, so a rank whose batch has no such graph (a mixed batch under "
+            "FULL_DECODE_ONLY, a count past the largest FULL graph) asks the "
+            "dispatcher for a graph it does not have, and vLLM's dispatcher "
+            "asserts; a rank forced eager stays eager while the others replay "
+            "graphs (the eager/graph split of #30173)."
         ),
-        caught_by=("eager-contagion", "no-hang"),
-        scenario="step",
-    ),
-    FaultyTarget(
-        name="v1-pad-when-eager",
-        kind="issue",
-        reference="v1-v33",
-        edits=((_RETURN, "    return split, votes.counts(pad=True), mode\n"),),
-        bug_class=AGREED_FOR_PER_RANK,
-        upstream=("vllm#26375", "vllm#34102"),
-        docstring=(
-            "every step is padded to the largest rank's count, eager ones too. "
-            "An eager step has no fixed shape to match, so each rank should run "
-            "its own count; padded, it runs (and tells the forward context) a "
-            "count its batch does not have, the eager-prefill assertion of "
-            "#26375 and the needless padding of #34102."
-        ),
-        caught_by=("padded-counts",),
+        caught_by=("no-error",),
         scenario="step",
     ),
     FaultyTarget(
@@ -224,8 +220,9 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
             "split anyway; microbatching is all or nothing (#50945), and which "
             "ranks may opt out is exactly what went wrong in #27771."
         ),
-        caught_by=("ubatch-decision", "agreement"),
+        caught_by=("ubatch-decision",),
         scenario="ubatch",
+        policy=_V1_THRESHOLD_AT_A_GRAPH,
     ),
     FaultyTarget(
         name="v1-ubatch-guard-dropped",
@@ -281,25 +278,27 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
         scenario="step",
     ),
     FaultyTarget(
-        name="v1-idle-rank-returns-early",
+        name="v1-eager-rank-skips-sync",
         kind="issue",
         reference="v1-v33",
         edits=(
             (
                 "    if parallel_config.data_parallel_size == 1:\n",
-                "    if parallel_config.data_parallel_size == 1 or num_tokens_unpadded == 0:\n"
-                "        # Nothing scheduled here: no need to coordinate.\n",
+                "    if parallel_config.data_parallel_size == 1 or cudagraph_mode == 0:\n"
+                "        # Eager here: no graph shape to agree on, nothing to pad.\n",
             ),
         ),
         bug_class=COLLECTIVE_SKIPPED,
-        upstream=("vllm#28774", "vllm#43547"),
+        upstream=("vllm#28774", "vllm#43547", "vllm#48720"),
         docstring=(
-            "a rank with no tokens returns before the all-reduce, as "
-            "execute_model did for 0-token steps (#28774, #43547). The busy "
-            "ranks wait in the exchange for a rank that never comes."
+            "a rank whose own dispatch chose eager returns before the exchange, "
+            "reasoning that an eager step has no graph shape to agree on. It is "
+            "a rank-local early return before the DP all-reduce, like "
+            "execute_model's for 0-token steps (#28774, #43547; #48720 lists "
+            "such rank-local decisions): the ranks that wanted a graph wait in "
+            "the exchange for a rank that never comes."
         ),
         caught_by=("no-hang",),
         scenario="step",
-        profile="contract",
     ),
 )
