@@ -387,3 +387,72 @@ def test_fetch_and_refetch_together_are_refused(
     err = _refusal(capsys, ["targets", "--fetch", "--refetch", VERSION])
     assert err == "dpsim: error: --fetch and --refetch exclude each other"
     assert downloads.calls == []
+
+
+# -- entries from before the V1 runner ------------------------------------------------
+
+
+def _as_fetched_before_v1(entry: Path) -> None:
+    """Make ``entry`` what an older dpsim wrote: a manifest without ``wanted``."""
+    manifest = json.loads((entry / MANIFEST).read_text())
+    del manifest["wanted"]
+    (entry / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def test_an_entry_from_before_the_v1_runner_serves_v2_as_it_is(
+    entry: Path, downloads: Downloads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _as_fetched_before_v1(entry)
+    capsys.readouterr()
+    assert ensure_release(VERSION, runner="v2") == entry / "vllm"
+    assert ensure_release(VERSION) == entry / "vllm"
+    assert downloads.calls == [VERSION]
+    assert capsys.readouterr().err == ""
+
+
+def test_an_entry_from_before_the_v1_runner_is_fetched_again_once_for_v1(
+    entry: Path, downloads: Downloads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _as_fetched_before_v1(entry)
+    capsys.readouterr()
+    assert ensure_release(VERSION, runner="v1") == entry / "vllm"
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"dpsim: fetching vllm {VERSION} again (a ~300 MB wheel, once): its cache "
+        "entry predates dpsim's V1 runner and lacks the V1 caller's files"
+    ]
+    assert downloads.calls == [VERSION, VERSION]
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert set(cache_module.V1_WANTED) <= set(manifest["wanted"])
+    ensure_release(VERSION, runner="v1")
+    assert downloads.calls == [VERSION, VERSION]  # once upgraded, never again
+    assert capsys.readouterr().err == ""
+
+
+def test_an_upgrade_that_cannot_fetch_says_why_and_keeps_the_entry(
+    entry: Path, downloads: Downloads
+) -> None:
+    _as_fetched_before_v1(entry)
+    downloads.fail = TargetError("cannot fetch vllm 0.99.0 (offline)")
+    with pytest.raises(TargetError) as refused:
+        ensure_release(VERSION, runner="v1")
+    assert str(refused.value) == (
+        f"the cached vllm {VERSION} predates dpsim's V1 runner (it lacks the V1 "
+        "caller's files) and fetching it again failed: cannot fetch vllm 0.99.0 "
+        "(offline)"
+    )
+    assert ensure_release(VERSION, runner="v2") == entry / "vllm"
+
+
+def test_a_wheel_with_only_the_v1_runners_sync_is_cached(
+    cache: Path, downloads: Downloads, tmp_path: Path
+) -> None:
+    with zipfile.ZipFile(downloads.wheel, "w") as archive:
+        archive.writestr(
+            "vllm/v1/worker/dp_utils.py",
+            "def coordinate_batch_across_dp():\n    pass\n",
+        )
+        archive.writestr("vllm/v1/cudagraph_dispatcher.py", "X = 1\n")
+    package = ensure_release(VERSION, runner="v1")
+    assert (package / "v1/worker/dp_utils.py").is_file()
+    assert cached_releases() == [VERSION]

@@ -24,26 +24,40 @@ import contextvars
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Agreement, Descriptor
-from dpsim.targets.v1.caller import Caller, RunnerState, runner_self
+from dpsim.targets.v1.caller import RunnerState
 
 ENTRY = "coordinate_batch_across_dp"
 #: RankBatch kinds made by ``_dummy_run``, which forces the uniform-decode flag.
 DUMMY_KINDS = ("dummy", "profile")
-#: SyncInputs field -> the caller parameter that must exist to honour it.
-_INPUT_PARAMETERS = {
+#: SyncInputs field -> the caller parameter that must exist to honour it
+#: (None: every caller honours it; the LoRA count travels in the runner).
+_INPUT_PARAMETERS: dict[str, str | None] = {
     "max_query_len": "num_scheduled_tokens_np",
     "need_eager": "force_eager",
-    "num_active_loras": "num_tokens",
+    "num_active_loras": None,
     "allow_ubatching": "allow_microbatching",
     "uniform_decode": "force_uniform_decode",
 }
+
+
+class CallerLike(Protocol):
+    """The real caller method (:class:`~dpsim.targets.v1.caller.Caller`) or
+    0.11's modelled one (:class:`~dpsim.targets.v1.modelled.ModelledCaller`)."""
+
+    @property
+    def parameters(self) -> tuple[str, ...]: ...
+
+    def invoke(
+        self, state: RunnerState, arguments: dict[str, Any]
+    ) -> tuple[Any, ...]: ...
+
 
 _syncs: contextvars.ContextVar[list[tuple[Any, ...]] | None] = contextvars.ContextVar(
     "dpsim_v1_syncs", default=None
@@ -96,7 +110,7 @@ class V1Result:
 class V1API:
     """How to call one release's V1 coordination, and what it offers."""
 
-    caller: Caller = field(repr=False)
+    caller: CallerLike = field(repr=False)
     #: ``coordinate_batch_across_dp``'s parameters.
     parameters: tuple[str, ...]
     agreement_fields: tuple[str, ...]
@@ -112,7 +126,7 @@ class V1API:
         return tuple(
             name
             for name, parameter in _INPUT_PARAMETERS.items()
-            if parameter in self.caller.parameters
+            if parameter is None or parameter in self.caller.parameters
         )
 
     def has(self, feature: str) -> bool:
@@ -156,7 +170,10 @@ class V1API:
                 f"parallel_config says rank {parallel_config.data_parallel_rank} of "
                 f"{parallel_config.data_parallel_size}, the call rank {dp_rank} of {dp_size}"
             )
-        decode_query_len = int(table.uniform_decode_query_len)
+        decode_query_len = int(
+            getattr(table, "uniform_decode_query_len", None)
+            or 1 + table.vllm_config.num_speculative_tokens
+        )
         state = RunnerState(
             uniform_decode_query_len=decode_query_len,
             dispatcher=table,
@@ -167,9 +184,7 @@ class V1API:
         seen: list[tuple[Any, ...]] = []
         token = _syncs.set(seen)
         try:
-            returned = self.caller.function(
-                runner_self(self.caller, state), **self._arguments(inputs)
-            )
+            returned = self.caller.invoke(state, self._arguments(inputs))
         finally:
             _syncs.reset(token)
         should_ubatch = returned[2]
@@ -203,6 +218,9 @@ class V1API:
         if dummy:
             offered["force_has_lora"] = inputs.num_active_loras > 0
             offered["force_num_active_loras"] = inputs.num_active_loras
+        # Only the modelled 0.11 caller takes these: which call site it is.
+        offered["dummy_run"] = dummy
+        offered["is_profile"] = getattr(inputs, "kind", "batch") == "profile"
         return {
             name: value
             for name, value in offered.items()

@@ -94,6 +94,10 @@ class Caller:
     def function(self) -> Callable[..., Any]:
         return self.functions[self.entry.name]
 
+    def invoke(self, state: RunnerState, arguments: dict[str, Any]) -> tuple[Any, ...]:
+        """Run the method for one rank, on a stand-in ``self`` holding ``state``."""
+        return tuple(self.function(runner_self(self, state), **arguments))
+
     @property
     def lines(self) -> str:
         return f"{self.path.name}:{self.entry.first_line}-{self.entry.last_line}"

@@ -28,8 +28,9 @@ from dpsim.targets.manager import ParallelConfigStandIn
 from dpsim.targets.shim import EXECUTED, LENIENT, LoadedFile, ModuleLoader, function
 from dpsim.targets.spec import OLDEST_V1_RELEASE, V1_ENTRY, TargetSpec
 from dpsim.targets.v1 import caller as caller_module
-from dpsim.targets.v1.api import V1API, recording
+from dpsim.targets.v1.api import V1API, CallerLike, recording
 from dpsim.targets.v1.dispatcher import build_dispatcher
+from dpsim.targets.v1.modelled import ModelledCaller
 
 V1_EXECUTED = frozenset(
     {
@@ -169,10 +170,24 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
             f"{spec.base}: no vllm/v1/worker/gpu_model_runner.py there (the V1 "
             "caller's file)"
         )
-    globals_ = _caller_globals(loader, mode_enum, descriptor, recording(sync))
-    caller = caller_module.extract(caller_path, version, globals_)
-    files = [*loader.loaded, _hashed(load.V1_CALLER_MODULE, caller_path)]
-    api = _adapt(dp_utils, sync, caller, descriptor, mode_enum)
+    recorded = recording(sync)
+    caller: caller_module.Caller | None = None
+    if _has_caller(caller_path) or spec.caller_file is not None:
+        globals_ = _caller_globals(loader, mode_enum, descriptor, recorded)
+        caller = caller_module.extract(caller_path, version, globals_)
+        files = [*loader.loaded, _hashed(load.V1_CALLER_MODULE, caller_path)]
+        api = _adapt(dp_utils, sync, caller, descriptor, mode_enum)
+    elif "allow_dp_padding" in inspect.signature(sync).parameters:
+        # 0.11.x: the sync sits inside _prepare_inputs; its caller is modelled.
+        modelled = ModelledCaller(recorded, descriptor, mode_enum)
+        files = list(loader.loaded)
+        api = _adapt(dp_utils, sync, modelled, descriptor, mode_enum)
+    else:
+        raise TargetError(
+            f"{caller_path}: {caller_module.RUNNER_CLASS} has no "
+            f"{caller_module.CALLER_METHOD}, and this {V1_ENTRY} is not the 0.11 one "
+            "whose caller dpsim models"
+        )
     return V1Target(
         spec=spec,
         version=version,
@@ -186,6 +201,16 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
         caller=caller,
         coordination_skippable=skippable,
     )
+
+
+def _has_caller(path: Path) -> bool:
+    """Whether ``path`` defines the caller method, read off its text (the
+    extraction, which parses it, names anything else wrong with it)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return True  # let the extraction say why it cannot be read
+    return f"def {caller_module.CALLER_METHOD}(" in text
 
 
 def _overrides(spec: TargetSpec) -> dict[str, Path]:
@@ -235,7 +260,7 @@ def _hashed(module: str, path: Path) -> LoadedFile:
 def _adapt(
     dp_utils: ModuleType,
     sync: Any,
-    caller: caller_module.Caller,
+    caller: CallerLike,
     descriptor: type,
     mode_enum: Any,
 ) -> V1API:
