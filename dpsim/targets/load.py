@@ -36,6 +36,7 @@ V1_DP_UTILS_MODULE = "vllm.v1.worker.dp_utils"
 V1_DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
 FORWARD_CONTEXT_MODULE = "vllm.forward_context"
 V1_CALLER_MODULE = "vllm.v1.worker.gpu_model_runner"
+UBATCH_UTILS_MODULE = "vllm.v1.worker.ubatch_utils"
 # ``__version__ = version = '0.29.0'`` as setuptools-scm writes it, or simpler.
 _VERSION_LINE = re.compile(r"""^(?:__version__|version)\b.*?['"]([^'"]+)['"]""", re.M)
 
@@ -154,13 +155,18 @@ def _file_state(path: Path | None) -> tuple[int, int] | None:
 
 def required_modules(runner: str) -> tuple[str, ...]:
     """The modules every target of ``runner`` executes from source, whatever
-    its version: what a counterexample of that runner must record."""
+    its version: what a counterexample of that runner must record. For V1
+    that includes the caller's file, which is read (its method cut out, or,
+    on 0.11.x, the file whose lines the modelled caller follows), not
+    executed as a module."""
     if runner == "v1":
         return (
             V1_DP_UTILS_MODULE,
+            UBATCH_UTILS_MODULE,
             V1_DISPATCHER_MODULE,
             FORWARD_CONTEXT_MODULE,
             COMPILATION_MODULE,
+            V1_CALLER_MODULE,
         )
     return (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
 

@@ -180,7 +180,8 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
     elif "allow_dp_padding" in inspect.signature(sync).parameters:
         # 0.11.x: the sync sits inside _prepare_inputs; its caller is modelled.
         modelled = ModelledCaller(recorded, descriptor, mode_enum)
-        files = list(loader.loaded)
+        # Hashed all the same: the release the model follows is this file.
+        files = [*loader.loaded, _hashed(load.V1_CALLER_MODULE, caller_path)]
         api = _adapt(dp_utils, sync, modelled, descriptor, mode_enum)
     else:
         raise TargetError(
