@@ -255,3 +255,18 @@ def test_targets_loads_each_release_with_its_default_runner(
         json.loads(line)["runner"] for line in capsys.readouterr().out.splitlines()
     ]
     assert runners == ["v1", "v2"]
+
+
+@pytest.mark.release
+def test_policy_show_reads_the_v1_dispatchers_own_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    arguments = ["policy", "show", str(POLICY), "--runner", "v1", "--vllm", "0.33.0"]
+    assert main(arguments) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("target table on vllm 0.33.0 (V1 runner)\n")
+    # Mixed batches get PIECEWISE keys at every size; FULL keys are uniform
+    # decodes of one token, at most max_num_seqs (256) of them.
+    assert "  FULL          256   256        1      -      0         1\n" in out
+    assert "  PIECEWISE     512     -        -      -      0         1\n" in out
+    assert "  19 graphs (FULL 9, PIECEWISE 10)\n" in out

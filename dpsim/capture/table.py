@@ -1,8 +1,9 @@
 """What a manager actually captured, as rows a person can read.
 
 A policy says what an operator asked for; the table is what the loaded vLLM
-version made of it, read straight off the manager (``_capture_descs``, the
-real code's own output), never recomputed here. It backs ``dpsim policy
+version made of it, read straight off the manager (V2's ``_capture_descs``,
+V1's dispatcher's ``cudagraph_keys``: the real code's own output), never
+recomputed here. It backs ``dpsim policy
 show``, and its graph count is the memory proxy for comparing policies (each
 FULL descriptor is one captured CUDA graph; each PIECEWISE descriptor one
 capture of the piecewise-compiled model).
@@ -114,12 +115,55 @@ def _mode_rank(name: str) -> tuple[int, str]:
 
 def capture_table(manager: Any) -> CaptureTable:
     """The table a real (or contract) manager captured, read off the manager."""
+    if not hasattr(manager, "_capture_descs") and hasattr(manager, "cudagraph_keys"):
+        return _dispatcher_table(manager)
     capture_descs: Mapping[Any, Any] = getattr(manager, "_capture_descs", None) or {}
     per_mode = sorted(
         ((_mode_name(mode), tuple(descs)) for mode, descs in capture_descs.items()),
         key=lambda item: _mode_rank(item[0]),
     )
     return CaptureTable(descriptors=tuple(per_mode))
+
+
+@dataclass(frozen=True)
+class _DispatcherKey:
+    """A V1 dispatcher's key as a row reads it. vLLM's ``BatchDescriptor``
+    carries no mode (the dispatcher files it under one) and says a key is a
+    uniform decode with a flag: the length is the dispatcher's."""
+
+    cg_mode: str
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None
+    num_active_loras: int
+
+
+def _dispatcher_table(dispatcher: Any) -> CaptureTable:
+    """The keys a V1 ``CudagraphDispatcher`` captured, per mode, in size order
+    (vLLM keeps them in sets)."""
+    per_mode = []
+    for mode, keys in dispatcher.cudagraph_keys.items():
+        rows = sorted(
+            (_key_row(_mode_name(mode), key, dispatcher) for key in keys),
+            key=lambda row: (row.num_tokens, row.num_reqs or 0, row.num_active_loras),
+        )
+        if rows:
+            per_mode.append((_mode_name(mode), tuple(rows)))
+    per_mode.sort(key=lambda item: _mode_rank(item[0]))
+    return CaptureTable(descriptors=tuple(per_mode))
+
+
+def _key_row(mode: str, key: Any, dispatcher: Any) -> _DispatcherKey:
+    # 0.11-0.12 name the flag uniform_decode; LoRA is a flag before 0.17.
+    uniform = getattr(key, "uniform", getattr(key, "uniform_decode", False))
+    loras = getattr(key, "num_active_loras", int(getattr(key, "has_lora", False)))
+    return _DispatcherKey(
+        cg_mode=mode,
+        num_tokens=key.num_tokens,
+        num_reqs=getattr(key, "num_reqs", None),
+        uniform_token_count=dispatcher.uniform_decode_query_len if uniform else None,
+        num_active_loras=loras,
+    )
 
 
 def candidates_for(
