@@ -19,6 +19,13 @@ adds up over thousands of mutant loads, so a stamp beside the manifest
 matched; a file whose stat still agrees, and is older than the stamp (so an
 edit within the same clock tick is not missed), is trusted without re-hashing.
 
+An entry fetched by a dpsim from before the V1 runner lacks the V1 caller's
+files (:data:`V1_WANTED`, 250-390 KB a release, almost all of it
+``gpu_model_runner.py``). That is not damage: it serves V2 as it is, and is
+fetched again once, said in one line, the first time a V1 target needs it.
+The manifest's ``wanted`` list (the prefixes its fetch extracted) tells the
+two apart.
+
 A damaged entry (a file edited, truncated, missing or added; a manifest
 missing, empty, corrupt or naming another version) is refused in one line that
 names the damage and the repair, not re-fetched behind the user's back: a
@@ -233,7 +240,7 @@ def _fetch(version: str, entry: Path, note: str | None = None) -> None:
         note
         or (
             f"dpsim: fetching vllm {version} (a ~300 MB wheel, once; "
-            f"keeping ~1.5 MB of it in {parent})"
+            f"keeping under 2 MB of it in {parent})"
         ),
         file=sys.stderr,
         flush=True,
