@@ -104,6 +104,14 @@ def test_references_load_and_are_written_from_scratch(name: str) -> None:
     assert target.api.has("reuse")
 
 
+def test_the_v1_twin_loads_as_the_v1_runner_and_is_written_from_scratch() -> None:
+    path = corpus.reference_path("v1-v33")
+    assert VENDORED_MARK not in path.read_text()
+    target = load_target("0.33.0", path, runner="v1")
+    assert target.runner == "v1"
+    assert {entry.runner for entry in CORPUS if entry.reference == "v1-v33"} == {"v1"}
+
+
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_materialised_file_loads_with_its_docstring(name: str, tmp_path: Path) -> None:
     entry = BY_NAME[name]
@@ -113,7 +121,7 @@ def test_materialised_file_loads_with_its_docstring(name: str, tmp_path: Path) -
     assert text != reference and VENDORED_MARK not in text
     for _, new in entry.edits:
         assert new in text
-    doc = load_target(entry.vllm, path).dp_utils.__doc__ or ""
+    doc = load_target(entry.vllm, path, runner=entry.runner).dp_utils.__doc__ or ""
     assert doc.startswith(f"Faulty target {name!r}")
     assert entry.docstring in " ".join(doc.split())
 
@@ -121,7 +129,9 @@ def test_materialised_file_loads_with_its_docstring(name: str, tmp_path: Path) -
 @pytest.mark.parametrize("name", sorted(BY_NAME))
 def test_faulty_target_is_caught_by_its_property(name: str, tmp_path: Path) -> None:
     entry = BY_NAME[name]
-    target = load_target(entry.vllm, corpus.materialize(entry, tmp_path))
+    target = load_target(
+        entry.vllm, corpus.materialize(entry, tmp_path), runner=entry.runner
+    )
     report = run_check(target, options(entry, (entry.designated,), DEFAULT_EXAMPLES))
     run = report.first_failure
     assert run is not None, (
@@ -140,7 +150,9 @@ def test_reference_twin_passes(
     reference: str, scenario: str, profile: str, prop: str, like: str
 ) -> None:
     entry = BY_NAME[like]
-    target = load_target(entry.vllm, corpus.reference_path(reference))
+    target = load_target(
+        entry.vllm, corpus.reference_path(reference), runner=entry.runner
+    )
     report = run_check(target, options(entry, (prop,), CONTROL_EXAMPLES))
     failed = report.first_failure
     assert failed is None, (
@@ -160,7 +172,9 @@ def test_witness_breaks_no_other_property(name: str, tmp_path: Path) -> None:
         if prop != entry.designated
         and not (prop == "no-hang" and entry.profile == "contract")
     )
-    target = load_target(entry.vllm, corpus.materialize(entry, tmp_path))
+    target = load_target(
+        entry.vllm, corpus.materialize(entry, tmp_path), runner=entry.runner
+    )
     report = run_check(target, options(entry, others, CONTROL_EXAMPLES))
     failed = report.first_failure
     assert failed is None, (
