@@ -18,8 +18,9 @@ from dpsim.cli import main
 from dpsim.corpus import reference_path
 from dpsim.errors import UsageError
 from dpsim.mutate import Budget, generate, mutate
-from dpsim.mutate.files import CALLER_CLASS, CALLER_METHOD, mutated_file
+from dpsim.mutate.files import mutated_file
 from dpsim.targets import load_target
+from dpsim.targets.v1.caller import CALLER_METHOD, RUNNER_CLASS
 
 RUNNER = textwrap.dedent(
     """
@@ -67,7 +68,7 @@ QUICK = Budget(examples=20, profiles=("caller",), ranks=(2, 4))
 def test_caller_file_is_the_release_method_and_v2_has_none() -> None:
     target = load_target("0.33.0", runner="v1")
     mutated = mutated_file(target, "caller")
-    assert mutated.functions == (f"{CALLER_CLASS}.{CALLER_METHOD}",)
+    assert mutated.functions == (f"{RUNNER_CLASS}.{CALLER_METHOD}",)
     assert mutated.name == "gpu_model_runner.py"
     mutants = generate(mutated.text, functions=mutated.functions)
     assert mutants and {m.function for m in mutants} <= {

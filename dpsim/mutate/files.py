@@ -24,12 +24,10 @@ from dpsim.targets.load import (
     Target,
     source_paths,
 )
+from dpsim.targets.v1.caller import CALLER_METHOD, RUNNER_CLASS
 
 #: What ``dpsim mutate --file`` accepts.
 SLOTS = ("sync", "caller")
-#: The V1 caller method, as a qualified name in gpu_model_runner.py.
-CALLER_CLASS = "GPUModelRunner"
-CALLER_METHOD = "_determine_batch_execution_and_padding"
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ def mutated_file(target: Target, slot: str = "sync") -> MutatedFile:
     text = data.decode("utf-8")
     functions = None
     if slot == "caller":
-        qualified = f"{CALLER_CLASS}.{CALLER_METHOD}"
+        qualified = f"{RUNNER_CLASS}.{CALLER_METHOD}"
         if qualified not in defined_functions(ast.parse(text)):
             raise UsageError(
                 f"{target.label}: {path.name} defines no {qualified} to mutate "
