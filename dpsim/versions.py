@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import os
+import traceback
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -135,7 +136,14 @@ def check_target(
         target = load_target(request.vllm, request.target_file, request.runner)
     except Exception as error:  # one bad target must not sink the whole report
         return [_error_row(request, f"{type(error).__name__}: {error}")]
-    report = run_check(target, options)
+    try:
+        report = run_check(target, options)
+    except Exception as error:
+        # dpsim failing on one target is that target's error row, with the
+        # reason, not a bare exit status; the traceback goes to stderr.
+        traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0]
+        return [_error_row(request, f"{type(error).__name__}: {first}", target.label)]
     rows = []
     for run in report.runs:
         finding = run.finding
@@ -224,12 +232,15 @@ def _send_rows(
     sender.send(check_target(request, options, out))
 
 
-def _error_row(request: TargetRequest, message: str) -> VersionRow:
-    label = (
-        request.vllm
-        if request.target_file is None
-        else f"{request.target_file} on {request.vllm}"
-    )
+def _error_row(
+    request: TargetRequest, message: str, label: str | None = None
+) -> VersionRow:
+    if label is None:
+        label = (
+            request.vllm
+            if request.target_file is None
+            else f"{request.target_file} on {request.vllm}"
+        )
     return VersionRow(label, request.runner or "-", "-", "error", None, message, None)
 
 

@@ -7,9 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from dpsim import versions
 from dpsim.check import CheckOptions
 from dpsim.cli import main
-from dpsim.versions import TargetRequest, cross_version, render_html, render_markdown
+from dpsim.versions import (
+    TargetRequest,
+    VersionRow,
+    cross_version,
+    render_html,
+    render_markdown,
+    render_terminal,
+)
 
 pytestmark = pytest.mark.release
 
@@ -86,3 +94,45 @@ def test_targets_checked_in_children_keep_their_order_and_a_dead_child_is_a_row(
         ("0.17.0", "error", rows[1].message),
     ]
     assert "0.15-0.17" in (rows[1].message or "")
+
+
+def test_a_check_that_crashes_is_its_targets_error_row_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crashes(*_: object) -> None:
+        raise RuntimeError("dpsim bug\nmore detail")
+
+    monkeypatch.setattr(versions, "run_check", crashes)
+    rows = cross_version(
+        [TargetRequest("0.33.0", runner="v1")], CheckOptions(examples=1), tmp_path, 1
+    )
+    assert rows == [
+        VersionRow(
+            "vllm 0.33.0 (V1 runner)",
+            "v1",
+            "-",
+            "error",
+            None,
+            "RuntimeError: dpsim bug",
+            None,
+        )
+    ]
+
+
+def test_the_runner_is_a_column_of_every_rendering(tmp_path: Path) -> None:
+    rows = [
+        VersionRow("vllm 0.29.0 (V1 runner)", "v1", "step", "pass", None, None, None),
+        VersionRow("vllm 0.29.0", "v2", "step", "pass", None, None, None),
+    ]
+    markdown = render_markdown(rows, CheckOptions(), tmp_path)
+    assert "| target | runner | scenario | result | counterexample |" in markdown
+    assert "| vllm 0.29.0 (V1 runner) | v1 | step | pass |  |" in markdown
+    page = render_html(rows, tmp_path)
+    assert "<th>runner</th>" in page and "<td>v1</td>" in page
+    header = render_terminal(rows).splitlines()[0]
+    assert [cell.strip() for cell in header.split("|")] == [
+        "target",
+        "runner",
+        "scenario",
+        "result",
+    ]
