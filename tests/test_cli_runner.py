@@ -8,6 +8,7 @@ empty cache and no package index, so a fetch would fail the test).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import faults as faulty
@@ -270,3 +271,36 @@ def test_policy_show_reads_the_v1_dispatchers_own_keys(
     assert "  FULL          256   256        1      -      0         1\n" in out
     assert "  PIECEWISE     512     -        -      -      0         1\n" in out
     assert "  19 graphs (FULL 9, PIECEWISE 10)\n" in out
+
+
+@pytest.mark.release
+def test_a_caller_file_is_checked_recorded_said_and_replayed(
+    tmp_path: Path,
+    release_file: Callable[[str, str], Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # 0.33.0's caller, derived here, re-dispatching in any mode instead of the
+    # synced one: the ranks' graph modes part again after the sync.
+    real = release_file("0.33.0", "v1/worker/gpu_model_runner.py")
+    synced = "valid_modes={CUDAGraphMode(synced_cudagraph_mode)},"
+    text = real.read_text()
+    assert text.count(synced) == 1
+    faulty = tmp_path / "gpu_model_runner.py"
+    faulty.write_text(text.replace(synced, "valid_modes=None,"))
+    out = tmp_path / "out"
+    check = ["check", "--runner", "v1", "--vllm", "0.33.0", "--scenario", "step"]
+    arguments = [*check, "--caller-file", str(faulty), "--out", str(out), "--json"]
+    assert main([*arguments, "--examples", "200"]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (
+        summary["target"] == "vllm 0.33.0 with caller gpu_model_runner.py (V1 runner)"
+    )
+    found = summary["counterexample"]
+    spec = json.loads(Path(found).read_text())["target"]["spec"]
+    assert (spec["runner"], spec["caller_file"]) == ("v1", str(faulty))
+    assert main(["replay", found]) == 1
+    said = capsys.readouterr()
+    assert said.err.startswith(f"dpsim: replay will execute {faulty}, named by")
+    assert "the failure reproduces" in said.out
+    # The release's own caller, named: the same case holds there.
+    assert main(["replay", found, "--caller-file", str(real)]) == 0
