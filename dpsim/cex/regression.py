@@ -5,7 +5,8 @@ while the bug is there and passes once it is fixed: dropped into a suite, it
 guards the fix from then on (a test asserting that the failure reproduces
 would instead break the day the bug is fixed). It replays through
 ``dpsim.replay.assert_holds``, on the target the file records unless
-``DPSIM_VLLM`` / ``DPSIM_TARGET`` point it elsewhere (a user's own tree).
+``DPSIM_VLLM`` / ``DPSIM_TARGET`` point it elsewhere (a user's own tree), and
+on the runner it records unless ``DPSIM_RUNNER`` names the other.
 On a vLLM that cannot run the case at all (a drafter or ubatch counterexample
 against a release without that scenario, or an input its sync does not take)
 the test is skipped with that reason: such a version cannot have the bug, and
