@@ -10,6 +10,7 @@ per-request counts), 0.33.0 (``skip_dp_coordination``).
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,52 @@ def test_a_tree_without_v1s_sync_is_refused_for_v1(tmp_path: Path) -> None:
     )
     with pytest.raises(TargetError, match="the V1 runner's DP sync is not there"):
         load_target(str(tmp_path), runner="v1")
+
+
+def test_the_dispatchers_config_view_refuses_what_it_was_not_written_for(
+    tmp_path: Path,
+) -> None:
+    # A tree copied from the release, its dispatcher reading one more setting.
+    release = _v1("0.33.0")
+    tree = tmp_path / "vllm"
+    shutil.copytree(release.package_dir, tree)
+    dispatcher = tree / "v1" / "cudagraph_dispatcher.py"
+    text = dispatcher.read_text()
+    anchor = "        self.compilation_config = vllm_config.compilation_config\n"
+    assert text.count(anchor) == 1
+    dispatcher.write_text(
+        text.replace(anchor, f"{anchor}        _ = vllm_config.made_up_setting\n")
+    )
+    line = text[: text.index(anchor)].count("\n") + 2
+    target = _v1(str(tmp_path))
+    assert target.version == "0.33.0"
+    with pytest.raises(AttributeError) as refused:
+        target.build_manager(TABLE)
+    assert str(refused.value) == (
+        "dpsim's stand-in for VllmConfig (as the V1 CudagraphDispatcher reads it) "
+        f"has no attribute made_up_setting (vLLM reads it at "
+        f"cudagraph_dispatcher.py:{line})"
+    )
+
+
+@pytest.mark.parametrize(
+    ("version", "agreed"),
+    [("0.11.1", [20, 20]), ("0.12.0", [20, 20]), ("0.33.0", [3, 20])],
+)
+def test_a_profile_run_is_eager_everywhere_and_pads_only_before_0_13(
+    version: str, agreed: list[int]
+) -> None:
+    # Up to 0.12 DP padding follows the compilation config, not the step's
+    # mode (0.11.x: the modelled _dummy_run; 0.12: the real caller); from 0.13
+    # the synced runtime mode NONE turns it off.
+    batches = tuple(
+        RankBatch(num_reqs=1, num_tokens=count, need_eager=True, kind="profile")
+        for count in (3, 20)
+    )
+    result = _run(_v1(version), batches)
+    assert result.outcome.value == "ok", [rank.error for rank in result.ranks]
+    for rank, trace in enumerate(result.ranks):
+        descriptor, agreement = trace.returned
+        assert descriptor["cg_mode"] == "NONE"
+        assert descriptor["num_tokens"] == agreed[rank]
+        assert agreement["num_tokens_across_dp"] == agreed

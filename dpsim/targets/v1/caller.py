@@ -175,11 +175,14 @@ def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Cal
     used: dict[str, bool] = {}
     functions: dict[str, Callable[..., Any]] = {}
     for method in methods:
-        for name in sorted(_free_names(method.node)):
+        prepared = _prepared(method)
+        function_node = prepared.body[0]
+        assert isinstance(function_node, ast.FunctionDef)
+        for name in sorted(_free_names(function_node) - {TICK_NAME}):
             used[name] = name in namespace
             if name not in namespace:
                 namespace[name] = _Unsupplied(name, path, version)
-        functions[method.name] = _compile(method, path, namespace)
+        functions[method.name] = _compile(prepared, method.name, path, namespace)
     entry = methods[0]
     reads = {chain for method in methods for chain in method.reads}
     own_methods = {(method.name,) for method in methods}
@@ -317,18 +320,22 @@ class _StripAnnotations(ast.NodeTransformer):
         return ast.copy_location(assign, node)
 
 
-def _compile(
-    method: Method, path: Path, namespace: dict[str, Any]
-) -> Callable[..., Any]:
+def _prepared(method: Method) -> ast.Module:
+    """The method as dpsim runs it: undecorated, unannotated, loops ticked."""
     node = copy.deepcopy(method.node)  # the transformers below edit in place
     node.decorator_list = []
     module = ast.Module(body=[node], type_ignores=[])
     module = _TickEveryLoop().visit(_StripAnnotations().visit(module))
-    ast.fix_missing_locations(module)
+    return ast.fix_missing_locations(module)
+
+
+def _compile(
+    module: ast.Module, name: str, path: Path, namespace: dict[str, Any]
+) -> Callable[..., Any]:
     code: CodeType = compile(module, str(path), "exec", dont_inherit=True)
     namespace.setdefault(TICK_NAME, _tick())
     exec(code, namespace)
-    function = namespace.pop(method.name)
+    function = namespace.pop(name)
     assert callable(function)
     return function
 

@@ -14,6 +14,8 @@ says. A config the release refuses raises its own ``ValueError`` or
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -80,7 +82,7 @@ def build_dispatcher(
         # the release's own method).
         paths[("compilation_config", "bs_to_padded_graph_size")] = padded
         paths[("pad_for_cudagraph",)] = padded.__getitem__
-    vllm_config = view_of_paths(OWNER, paths)
+    vllm_config = view_of_paths(OWNER, paths, where=_reads_in(dispatcher_class))
     dispatcher = dispatcher_class(vllm_config)
     initialize = dispatcher.initialize_cudagraph_keys
     if "uniform_decode_query_len" in inspect.signature(initialize).parameters:
@@ -89,6 +91,29 @@ def build_dispatcher(
         initialize(mode)
     _check_lora_cases(dispatcher, config.lora_capture_cases)
     return dispatcher
+
+
+def _reads_in(dispatcher_class: type) -> Callable[[str], str]:
+    """Says where the dispatcher's source first reads an attribute the view
+    lacks: the first line naming it, in the release's own file."""
+    init = getattr(dispatcher_class, "__init__", None)
+    code = getattr(init, "__code__", None)
+    path = Path(code.co_filename) if code is not None else None
+
+    def where(dotted: str) -> str:
+        if path is None:
+            return ""
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            return ""
+        wanted = f".{dotted.rsplit('.', 1)[-1]}"
+        for number, line in enumerate(lines, start=1):
+            if wanted in line:
+                return f"vLLM reads it at {path.name}:{number}"
+        return ""
+
+    return where
 
 
 def _padded_sizes(
