@@ -23,6 +23,7 @@ from dpsim import cex, limits
 from dpsim.cex import files
 from dpsim.check import CheckOptions, run_check
 from dpsim.cli import main
+from dpsim.errors import UsageError
 from dpsim.replay import (
     HOLDS,
     REPRODUCED,
@@ -30,6 +31,7 @@ from dpsim.replay import (
     replay_in_sim,
     resolve_target,
 )
+from dpsim.replay.simulated import target_for_tests
 from dpsim.targets import load_target
 
 pytestmark = pytest.mark.release
@@ -111,6 +113,19 @@ def test_a_v1_runner_counterexample_records_its_runner_and_replays_byte_for_byte
     # The V2 runner of the same release, named: the V1 file is left behind.
     assert main(["replay", str(found), "--runner", "v2", "--json"]) in (0, 1)
     assert json.loads(capsys.readouterr().out)["runner"] == "v2"
+
+
+def test_a_regression_test_runs_the_runner_dpsim_runner_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = cex.read(faulty.v1_mode_not_synced_on_033(tmp_path))
+    assert target_for_tests(recorded).target.runner == "v1"
+    monkeypatch.setenv("DPSIM_RUNNER", "v2")
+    resolved = target_for_tests(recorded)
+    assert (resolved.target.runner, resolved.overridden) == ("v2", True)
+    monkeypatch.setenv("DPSIM_RUNNER", "v0")
+    with pytest.raises(UsageError, match=r"^DPSIM_RUNNER 'v0': expected one of"):
+        target_for_tests(recorded)
 
 
 def test_a_file_without_a_runner_replays_as_the_v2_file_it_is(
