@@ -6,7 +6,10 @@ In 0.11.1 and 0.11.2 ``coordinate_batch_across_dp`` is called from inside
 ``execute_model``; there is no method that only decides. This module is
 written from scratch after those lines of ``vllm/v1/worker/gpu_model_runner.py``
 0.11.1 and calls the release's REAL sync, ``CudagraphDispatcher`` and
-``BatchDescriptor``:
+``BatchDescriptor``. It follows 0.11.1's lines (0.11.2 has the same code
+there): the sync in ``_prepare_inputs`` (1287-1307), ``_get_num_input_tokens``
+(2276-2292), ``execute_model``'s choice of the count it runs and its dispatch
+(2736-2770), and ``_dummy_run``'s batch, sync and dispatch (3622-3830):
 
 * ``execute_model`` (a regular batch): ``_prepare_inputs`` pads the token
   count for cudagraphs first (``_get_num_input_tokens``: the capture table's
@@ -20,12 +23,14 @@ written from scratch after those lines of ``vllm/v1/worker/gpu_model_runner.py``
   given uniform flag; a profile run does not dispatch (mode NONE), an eager
   one (``cudagraph_runtime_mode=NONE``) dispatches but runs NONE.
 
-Left out: sequence-parallel padding and ``calculate_kv_scales`` (off by
-default), cascade attention (dpsim models none), everything after the
-dispatch (attention metadata, the forward itself), and the microbatch slice
-padding ``execute_model`` applies after the sync (it changes no count the
-ranks agree on). ``need_eager`` on a regular batch is modelled as the
-``_dummy_run`` eager path, the only place 0.11 forces eager mode.
+``need_eager`` on a regular batch runs it NONE after the dispatch, as
+``execute_model`` does when ``calculate_kv_scales`` is set (its only way to
+run a batch eagerly with graphs captured; the padding is decided before).
+
+Left out: sequence-parallel padding (off by default), cascade attention
+(dpsim models none), everything after the dispatch (attention metadata, the
+forward itself), and the microbatch slice padding ``execute_model`` applies
+after the sync (it changes no count the ranks agree on).
 """
 
 from __future__ import annotations
