@@ -136,3 +136,14 @@ def test_a_ranks_events_give_its_syncs_and_oracle_in_order_and_nothing_else() ->
     assert list(recorded_syncs(events)) == [(0, RETURNED), (2, RAISED)]
     assert sync_records(events) == [RETURNED, RAISED]
     assert list(expect_records(events)) == [expect]
+
+
+def test_a_v1_agreement_carries_the_synced_mode_and_microbatching() -> None:
+    agreement = Agreement((32, 32), cg_mode=CudagraphMode.PIECEWISE, ubatch=False)
+    written = agreement.to_json()
+    assert list(written)[-2:] == ["cg_mode", "ubatch"]
+    assert (written["cg_mode"], written["ubatch"]) == ("PIECEWISE", False)
+    back = Agreement.from_json(json.loads(json.dumps(written)))
+    assert back == agreement and type(back.cg_mode) is CudagraphMode
+    # Only what is set is written: 0.11-0.12 sync no mode.
+    assert "cg_mode" not in Agreement((4, 4), ubatch=True).to_json()
