@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import pytest
 
 from dpsim.errors import TargetError
 from dpsim.records.case import RankBatch
-from dpsim.records.policy import CudagraphMode, ManagerConfig
+from dpsim.records.policy import CudagraphMode, ManagerConfig, Microbatching
 from dpsim.records.sync import Agreement
 from dpsim.sim import simulate
 from dpsim.targets import load_target
@@ -288,3 +289,32 @@ def test_a_profile_run_is_eager_everywhere_and_pads_only_before_0_13(
         assert descriptor["cg_mode"] == "NONE"
         assert descriptor["num_tokens"] == agreed[rank]
         assert agreement["num_tokens_across_dp"] == agreed
+
+
+@pytest.mark.parametrize("version", ["0.11.1", "0.12.0", "0.33.0"])
+def test_microbatching_is_agreed_by_every_rank_or_by_none(version: str) -> None:
+    target = _v1(version)
+    ubatch = Microbatching(2, decode_token_threshold=4, prefill_token_threshold=16)
+    table = target.build_manager(replace(TABLE, microbatching=ubatch))
+    decode = RankBatch(
+        num_reqs=8,
+        num_tokens=8,
+        uniform_token_count=1,
+        uniform_decode=True,
+        allow_ubatching=True,
+    )
+    small = RankBatch(num_reqs=2, num_tokens=3, allow_ubatching=True)
+    for batches, split in (((decode, decode), 2), ((decode, small), 1)):
+
+        def program(rank: int, batches: tuple[RankBatch, ...] = batches) -> Any:
+            config = target.parallel_config(2, rank, ubatch)
+            native, agreed = target.api.call(
+                table, batches[rank], 2, rank, parallel_config=config
+            )
+            return [
+                target.api.describe(native).num_ubatches,
+                target.api.agreement(agreed).ubatch,
+            ]
+
+        result = simulate(program, ranks=2)
+        assert [trace.returned for trace in result.ranks] == [[split, split > 1]] * 2
