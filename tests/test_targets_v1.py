@@ -318,3 +318,25 @@ def test_microbatching_is_agreed_by_every_rank_or_by_none(version: str) -> None:
 
         result = simulate(program, ranks=2)
         assert [trace.returned for trace in result.ranks] == [[split, split > 1]] * 2
+
+
+@pytest.mark.parametrize(
+    ("version", "mode", "sizes"),
+    [
+        ("0.12.0", "FULL_AND_PIECEWISE", [2, 4, 6, 8]),
+        ("0.12.0", "FULL", [1, 2, 3, 5, 8]),  # one routine: 0.11-0.19 keep them
+        ("0.33.0", "FULL", [2, 4, 6, 8]),  # 0.20 rounds for any FULL decode
+        ("0.33.0", "PIECEWISE", [1, 2, 3, 5, 8]),
+    ],
+)
+def test_capture_sizes_are_rounded_for_spec_decode_where_the_release_does(
+    version: str, mode: str, sizes: list[int]
+) -> None:
+    table = ManagerConfig(
+        capture_sizes=(1, 2, 3, 5, 8),
+        cudagraph_mode=mode,
+        max_num_seqs=8,
+        decode_query_len=2,
+    )
+    dispatcher = _v1(version).build_manager(table)
+    assert dispatcher.compilation_config.cudagraph_capture_sizes == sizes

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 from dpsim.records.policy import ManagerConfig
@@ -37,17 +37,28 @@ def lora_settings(cases: tuple[int, ...] | None) -> tuple[int, bool, bool] | Non
     return max(counts) - 1, 0 in cases, len(counts) > 1
 
 
+#: When a release rounds its capture sizes to multiples of the decode query
+#: length before capture (``adjust_cudagraph_sizes_for_spec_decode``): never,
+#: for a FULL decode mode (0.20+), or only for one with a separate decode
+#: routine (0.11-0.19). Read off the release's call site, see ``v1.load``.
+SPEC_ROUNDING = (None, "full_decode", "separate_routine")
+
+
 def build_dispatcher(
     dispatcher_class: type,
     mode_enum: Any,
     config: ManagerConfig,
     compilation_class: type | None = None,
+    spec_rounding: str | None = None,
 ) -> Any:
     """A real dispatcher of ``dispatcher_class`` for ``config``, its keys
-    initialised as vLLM's capture does."""
+    initialised as vLLM's capture does: capture sizes first rounded for
+    speculative decoding where the release does (``spec_rounding``, with its
+    own ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``)."""
     mode = mode_enum[config.cudagraph_mode]
-    sizes = sorted(config.capture_sizes)
-    largest = config.effective_max_capture_size
+    sizes, largest = _capture_sizes(
+        config, mode, mode_enum, compilation_class, spec_rounding
+    )
     lora = lora_settings(config.lora_capture_cases)
     paths: dict[tuple[str, ...], Any] = {
         ("compilation_config", "cudagraph_mode"): mode,
@@ -114,6 +125,47 @@ def _reads_in(dispatcher_class: type) -> Callable[[str], str]:
         return ""
 
     return where
+
+
+def _capture_sizes(
+    config: ManagerConfig,
+    mode: Any,
+    mode_enum: Any,
+    compilation_class: type | None,
+    spec_rounding: str | None,
+) -> tuple[list[int], int]:
+    """The capture sizes and largest size vLLM captures for ``config``."""
+    sizes = sorted(config.capture_sizes)
+    largest = config.effective_max_capture_size
+    rounds = (
+        spec_rounding is not None
+        and config.decode_query_len > 1
+        and mode.decode_mode() == mode_enum.FULL
+        and (spec_rounding != "separate_routine" or mode.separate_routine())
+    )
+    method = getattr(compilation_class, "adjust_cudagraph_sizes_for_spec_decode", None)
+    if not rounds or not inspect.isfunction(method):
+        return sizes, largest
+    holder = SimpleNamespace(
+        cudagraph_capture_sizes=list(sizes),
+        max_cudagraph_capture_size=largest,
+        bs_to_padded_graph_size=None,
+        # Sequence parallelism is outside what dpsim models: off, as by default.
+        pass_config=SimpleNamespace(enable_sp=False),
+    )
+    recompute = getattr(compilation_class, "compute_bs_to_padded_graph_size", None)
+    holder.compute_bs_to_padded_graph_size = (
+        MethodType(recompute, holder) if inspect.isfunction(recompute) else _nothing
+    )
+    arguments = [config.decode_query_len]
+    if "tensor_parallel_size" in inspect.signature(method).parameters:
+        arguments.append(config.tensor_parallel_size)
+    method(holder, *arguments)
+    return list(holder.cudagraph_capture_sizes), int(holder.max_cudagraph_capture_size)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _padded_sizes(

@@ -69,6 +69,9 @@ class V1Target(load.Target):
     #: The caller method as loaded; None where it is modelled (0.11.x).
     caller: caller_module.Caller | None = field(repr=False)
     coordination_skippable: bool
+    #: How this release rounds capture sizes for speculative decoding
+    #: (:data:`~dpsim.targets.v1.dispatcher.SPEC_ROUNDING`).
+    spec_rounding: str | None
 
     @property
     def caller_modelled(self) -> bool:
@@ -98,6 +101,7 @@ class V1Target(load.Target):
             self.CUDAGraphMode,
             config,
             self.compilation.__dict__.get("CompilationConfig"),
+            self.spec_rounding,
         )
 
     @property
@@ -201,7 +205,33 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
         forward_context=forward_context,
         caller=caller,
         coordination_skippable=skippable,
+        spec_rounding=spec_rounding(caller_path, Path(compilation.__file__ or "")),
     )
+
+
+#: The call that rounds capture sizes for speculative decoding before capture.
+_ROUNDING_CALL = ".adjust_cudagraph_sizes_for_spec_decode("
+#: How many lines above that call its guard sits.
+_GUARD_LINES = 8
+
+
+def spec_rounding(*sources: Path) -> str | None:
+    """Where and when the release rounds capture sizes for speculative
+    decoding, read off the guard above its call: in the model runner up to
+    0.19 (FULL decode with a separate routine), in ``CompilationConfig`` from
+    0.20 (any FULL decode). None when neither file calls it."""
+    for path in sources:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for number, line in enumerate(lines):
+            if _ROUNDING_CALL in line and "def " not in line:
+                guard = "\n".join(lines[max(number - _GUARD_LINES, 0) : number])
+                if "separate_routine()" in guard:
+                    return "separate_routine"
+                return "full_decode"
+    return None
 
 
 def _has_caller(path: Path) -> bool:
