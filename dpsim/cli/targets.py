@@ -31,10 +31,17 @@ single --vllm SPEC. Releases are fetched once into $DPSIM_CACHE
 (default ~/.cache/dpsim) and work offline afterwards; each use checks the
 cached files against the SHA-256s recorded at fetch time, and a damaged entry
 is refused until --refetch replaces it. With no SPEC, every cached release
-is loaded (and so checked).
+is loaded (and so checked): with --runner, those that runner runs.
+
+Each target loads with --runner's sync, or its default (V2 where the release
+has V2's sync, 0.18 and later; else V1). A V1 target also shows its caller
+method (GPUModelRunner._determine_batch_execution_and_padding, with the file
+and lines it was cut from, or "modelled" for 0.11.x), its CudagraphDispatcher
+and the group its all-reduce runs on.
 
 examples:
   dpsim targets 0.18.0 0.29.0 0.33.0
+  dpsim targets --runner v1 0.12.0 0.33.0
   dpsim targets --target ./dp_utils.py --vllm 0.29.0
   dpsim targets --json
   dpsim targets --refetch 0.33.0
