@@ -304,3 +304,17 @@ def test_a_caller_file_is_checked_recorded_said_and_replayed(
     assert "the failure reproduces" in said.out
     # The release's own caller, named: the same case holds there.
     assert main(["replay", found, "--caller-file", str(real)]) == 0
+
+
+def test_targets_without_a_spec_show_the_cached_releases_the_runner_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpsim.cli.targets import _cached_for
+
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path))
+    for version in ("0.11.0", "0.12.0", "0.33.0"):
+        (tmp_path / "releases" / f"vllm-{version}").mkdir(parents=True)
+    # No runner: each entry, loaded with its default (0.11.0 then says why not).
+    assert _cached_for(None) == ["0.11.0", "0.12.0", "0.33.0"]
+    assert _cached_for("v1") == ["0.12.0", "0.33.0"]
+    assert _cached_for("v2") == ["0.33.0"]
