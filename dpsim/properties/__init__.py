@@ -3,7 +3,9 @@
 Each property is defined, with what it asserts, why it matters and which
 upstream bug class it guards, in its own module. ``judge(case, result)``
 returns the verdicts of the properties asked for, in the order listed here:
-the ones that explain a failure best come first.
+the ones that explain a failure best come first. A property that does not
+apply to the runner whose trace is judged (``Property.not_for_v1``) is not
+run on it; :func:`not_run` says which were left out and why, for reports.
 """
 
 from __future__ import annotations
@@ -72,10 +74,25 @@ def judge(
     evidence = Evidence(case, result)
     verdicts = []
     for prop in properties if properties is not None else PROPERTIES.values():
+        if not prop.applies_to(evidence.runner):
+            continue
         verdict = prop.check(evidence)
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts
+
+
+def not_run(
+    runner: str, properties: Iterable[Property] | None = None
+) -> dict[str, str]:
+    """The properties (all when None) that are not run on ``runner``'s traces,
+    each with the reason its module gives."""
+    chosen = properties if properties is not None else PROPERTIES.values()
+    return {
+        prop.name: prop.not_for_v1
+        for prop in chosen
+        if not prop.applies_to(runner) and prop.not_for_v1 is not None
+    }
 
 
 __all__ = [
@@ -86,5 +103,6 @@ __all__ = [
     "Property",
     "Verdict",
     "judge",
+    "not_run",
     "select",
 ]

@@ -15,6 +15,11 @@ request bound below a rank's batch, drafts skipped that a rank needed) passes
 it, and callers then size buffers or skip work from a wrong number. Guards:
 agreed values computed from the wrong rank or the wrong reduction (30173,
 35294, 40589/44185 for skipped drafts).
+
+Not run on the V1 runner: ``coordinate_batch_across_dp`` returns no
+``DPSyncState``, and what it does agree (the least mode, microbatching, the
+padded counts) is judged against the votes by ``graph-choice``,
+``ubatch-decision`` and ``padded-counts``.
 """
 
 from __future__ import annotations
@@ -86,4 +91,6 @@ PROPERTY = Property(
     "bound, skip-drafts",
     "agreed values from the wrong rank or reduction (30173, 35294, 40589)",
     judge,
+    not_for_v1="V1 agrees no DPSyncState; graph-choice, ubatch-decision and "
+    "padded-counts judge what it agrees",
 )

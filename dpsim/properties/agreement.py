@@ -11,6 +11,10 @@ with what shapes. Any per-rank value in it lets ranks take different branches,
 which in a DP+EP deployment is a hang or silent corruption of the MoE
 all-to-all. Guards: a per-rank value used where an agreed one was needed
 (vLLM 25906, 35294, vllm-ascend 1636); eager/graph disagreement (30173/30323).
+
+For the V1 runner the agreement is what ``coordinate_batch_across_dp``
+returned: the per-rank count tensor, the synced cudagraph mode (0.13+) and
+whether to microbatch; eager is every rank running ``CUDAGraphMode.NONE``.
 """
 
 from __future__ import annotations

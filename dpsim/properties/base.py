@@ -18,6 +18,7 @@ from typing import Any
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
 from dpsim.records.sync import (
+    RUNNER_EVENT,
     Agreement,
     Choice,
     Descriptor,
@@ -112,6 +113,15 @@ class Evidence:
     result: SimResult
 
     @cached_property
+    def runner(self) -> str:
+        """The model runner whose sync made this trace: "v1" or "v2"."""
+        for trace in self.result.ranks:
+            for event in trace.events:
+                if event.kind == RUNNER_EVENT:
+                    return str(event.payload["runner"])
+        return "v2"
+
+    @cached_property
     def syncs(self) -> tuple[tuple[tuple[int, SyncRecord], ...], ...]:
         """Per rank, each sync it recorded, read off its trace once, with how
         many collectives it had entered before the record."""
@@ -168,6 +178,12 @@ class Property:
     summary: str
     guards: str
     judge: Judge
+    #: Why the property says nothing about the V1 runner's coordination, when
+    #: it does not apply there; such a property is not run on V1 traces.
+    not_for_v1: str | None = None
+
+    def applies_to(self, runner: str) -> bool:
+        return runner != "v1" or self.not_for_v1 is None
 
     def check(self, evidence: Evidence) -> Verdict | None:
         return self.judge(evidence)

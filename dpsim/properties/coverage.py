@@ -14,13 +14,21 @@ rank's graph replay read or write past its inputs: crashes such as reshape
 errors, or silently wrong results. Guards: an agreed value used where the
 rank's own was needed (26375, 55458/56181); request padding taken from the
 wrong rank.
+
+For the V1 runner the same, read through V1's descriptors: an eager
+``BatchDescriptor`` names no request count, so only its tokens are held to
+the batch's; a uniform-decode graph (the dispatcher's ``uniform`` key, of the
+decode query length) serves a batch none of whose requests is longer than
+that length (``_dummy_run``'s one shorter request included); V1 keys carry
+no query-length bound.
 """
 
 from __future__ import annotations
 
-from dpsim.records.case import SyncInputs
+from dpsim.records.case import RankBatch, SyncInputs
 from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Descriptor
+from dpsim.scenarios.expect_v1 import longest_request
 
 from .base import Evidence, Property, Verdict
 
@@ -28,7 +36,10 @@ NAME = "coverage"
 
 
 def shortfall(
-    batch: SyncInputs, descriptor: Descriptor, agreed_count: int | None = None
+    batch: SyncInputs,
+    descriptor: Descriptor,
+    agreed_count: int | None = None,
+    runner: str = "v2",
 ) -> str | None:
     """Why ``descriptor`` cannot serve ``batch``, or None when it can.
 
@@ -47,7 +58,8 @@ def shortfall(
         # padded"), except tokens, to split microbatches evenly.
         split = descriptor.num_ubatches > 1
         tokens = {batch.num_tokens, agreed_count}
-        if descriptor.num_reqs != batch.num_reqs or (
+        named_reqs = descriptor.num_reqs is not None or runner != "v1"
+        if (named_reqs and descriptor.num_reqs != batch.num_reqs) or (
             not split and descriptor.num_tokens not in tokens
         ):
             return (
@@ -57,7 +69,14 @@ def shortfall(
             )
         return None
     uniform = descriptor.uniform_token_count
-    if uniform is not None and uniform != batch.uniform_token_count:
+    if runner == "v1" and isinstance(batch, RankBatch):
+        longest = longest_request(batch)
+        if uniform is not None and longest > uniform:
+            return (
+                f"a uniform-decode graph of length {uniform} for a batch with "
+                f"a request of {longest} tokens"
+            )
+    elif uniform is not None and uniform != batch.uniform_token_count:
         return (
             f"a uniform-decode graph of length {uniform} for a batch whose "
             f"uniform length is {batch.uniform_token_count}"
@@ -84,7 +103,12 @@ def judge(evidence: Evidence) -> Verdict | None:
                 if agreement is not None and agreement.eager is not True
                 else None
             )
-            reason = shortfall(phase.inputs(rank), phase.descriptor(rank), agreed_count)
+            reason = shortfall(
+                phase.inputs(rank),
+                phase.descriptor(rank),
+                agreed_count,
+                evidence.runner,
+            )
             if reason is not None:
                 descriptor = phase.descriptor(rank)
                 return Verdict(

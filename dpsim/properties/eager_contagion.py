@@ -8,6 +8,10 @@ Why: a rank running eager issues its MoE collectives with its own, unpadded
 count while graph ranks replay a fixed padded shape: a hang, or on some
 backends a ``num_tokens == num_tokens_padded`` assertion. Guards: eager on
 some ranks and a graph on others (30173/30323, 34102).
+
+For the V1 runner the same: ``need_eager`` is the caller's ``force_eager``
+(profile runs, ``CUDAGraphMode.NONE`` dummy runs), and the synced least mode
+is what should carry one rank's eager to all (0.12 synced no mode).
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ Why: an all-idle step must be skipped by every rank together (one rank running
 a forward alone waits forever in its first MoE collective), and a busy step
 must give idle ranks what they need to run their dummy batch in lockstep.
 Guards: idle ranks and dummy runs (25906, 28774, vllm-ascend 2454).
+
+Not run on the V1 runner: its caller method coordinates whatever it is
+given, an empty batch included (0.33's agrees eager counts of 0 and runs the
+forward), and its callers never give it an all-idle step (an idle rank runs
+``_dummy_run`` with a token of its own, drawn as a ``dummy`` batch), so
+there is no skip to judge; ``no-hang`` judges that every rank joins.
 """
 
 from __future__ import annotations
@@ -62,4 +68,6 @@ PROPERTY = Property(
     "no rank with work means no sync result and no graph",
     "idle ranks and dummy runs (25906, 28774)",
     judge,
+    not_for_v1="V1's caller syncs every step it is given, an empty one "
+    "too; an idle rank runs a dummy batch of its own",
 )

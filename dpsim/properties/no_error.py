@@ -8,6 +8,10 @@ target failing its own contract.
 Why: in production an assertion in the step path kills the engine on one
 rank and leaves the others blocked in the next collective. Guards: padding
 assertions and crashes (26375, 30173, 35243, 55458, 56281).
+
+For the V1 runner the call is the caller method with the sync inside it, so
+its assertions count (the re-dispatch's count check, the dispatcher's), and
+so does the release's ``DPMetadata.make`` that the forward builds.
 """
 
 from __future__ import annotations

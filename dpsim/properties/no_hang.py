@@ -12,6 +12,10 @@ mismatches, hours of hung GPUs. Guards: a collective skipped or issued a
 different number of times on some ranks (18724, 26086, 27691, 28774, 40589,
 vllm-ascend 2454); an extra collective or a different tensor shape
 (56281, vllm-ascend 9689).
+
+For the V1 runner the same: the sync's all-reduce on the DP device group, and
+the forward's collectives for the mode, padded count and microbatch split the
+caller method chose.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ which size every rank's share of the all-to-all from it. If it says 8 where a
 rank runs 16, tokens are dropped or buffers overrun. Guards: the agreement not
 updated with the padded size; dummy batches not shaped like real ones
 (30119, 35243, 35376); drafters padding further than the target agreed.
+
+For the V1 runner the same: ``num_tokens_across_dp`` as
+``coordinate_batch_across_dp`` returned it against the ``BatchDescriptor`` the
+caller re-dispatched (vLLM asserts the two match in the caller and again in
+``DPMetadata.make``).
 """
 
 from __future__ import annotations

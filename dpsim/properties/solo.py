@@ -14,6 +14,10 @@ only some callers issue (a hang), and one that reads the table wrongly
 (its own column left empty, a neighbour's copied) runs a shape the rank's
 batch does not have. Guards: the skip path of 24828 and the per-step DP
 collective it removes (43547's hang when some ranks skip it).
+
+For the V1 runner the same, on 0.30 and later: ``coordinate_batch_across_dp``
+inside ``skip_dp_coordination()`` pads to the rank's own count and keeps its
+own mode, which with identical batches is what the ranks agree together.
 """
 
 from __future__ import annotations

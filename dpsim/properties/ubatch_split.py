@@ -9,6 +9,10 @@ over nothing but padding, while the others run real work through the same
 expert all-to-all; vLLM falls back to eager exactly to avoid this. Guards:
 microbatching boundary cases (57020, open upstream: counts [64, 128] with a
 128-token graph pass the guard ``2*min < graph_tokens``).
+
+For the V1 runner the same, ``num_tokens`` being the padded count the caller
+re-dispatched at: V1 guards this with ``is_last_ubatch_empty`` on the
+smallest real and largest padded counts.
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ from dpsim.records.policy import CudagraphMode
 #: The trace event kinds these records travel as.
 SYNC_EVENT = "sync"
 EXPECT_EVENT = "expect"
+#: The event a V1 rank's program leaves first, ``{"runner": "v1"}``; a trace
+#: without one is a V2 trace, as every trace written before V1 was.
+RUNNER_EVENT = "runner"
 
 _T = TypeVar("_T")
 _MODES = {mode.value: mode for mode in CudagraphMode}

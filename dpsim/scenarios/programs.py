@@ -26,22 +26,36 @@ from typing import Any
 
 from dpsim.records.case import Case, RankBatch
 
-from .ranks import RankSetting, expect, forward, no_rank_has_work, sync
+from .ranks import (
+    RankSetting,
+    expect,
+    forward,
+    mark_runner,
+    no_rank_has_work,
+    sync,
+)
 
 RankProgram = Callable[[RankSetting, Case, int], Any]
 
 
 def _stepping(label: str, *, with_manager: bool) -> RankProgram:
-    """Steps of one sync each; the profile run syncs with no manager at all."""
+    """Steps of one sync each; V2's profile run syncs with no manager at all.
+
+    V1's caller always holds its dispatcher: its profile run
+    (``_dummy_run(is_profile=True)``) forces eager through ``force_eager``,
+    which the batches' ``need_eager`` carries.
+    """
 
     def program(setting: RankSetting, case: Case, rank: int) -> None:
-        manager = setting.manager if with_manager else None
+        mark_runner(setting)
+        v1 = setting.target.runner == "v1"
+        manager = setting.manager if with_manager or v1 else None
         can_skip = setting.target.skips_coordination
         for index, step in enumerate(case.steps):
             phase = f"{label} {index}"
-            expected = expect(rank, phase, manager, step, case.policy.microbatching)
+            expected = expect(setting, rank, phase, manager, step, case.policy)
             descriptor, agreement = sync(setting, rank, phase, manager, step[rank])
-            forward(descriptor, agreement)
+            forward(setting, rank, descriptor, agreement)
             if can_skip and case.shared_steps[index]:
                 # Every rank has the same batch, so a rank answering alone
                 # must answer as the ranks just did together. A non-MoE
@@ -63,9 +77,9 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
     for index, step in enumerate(case.steps):
         batch = step[rank]
         phase = f"step {index}"
-        expect(rank, phase, setting.manager, step, case.policy.microbatching)
+        expect(setting, rank, phase, setting.manager, step, case.policy)
         descriptor, agreement = sync(setting, rank, phase, setting.manager, batch)
-        forward(descriptor, agreement)
+        forward(setting, rank, descriptor, agreement)
         if no_rank_has_work(descriptor, agreement) or getattr(
             agreement, "skip_drafts", False
         ):
@@ -86,7 +100,7 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             prefill,
             reuse=agreement if reuse else None,
         )
-        forward(prefill_descriptor, prefill_agreement)
+        forward(setting, rank, prefill_descriptor, prefill_agreement)
         # One token per request per further draft step.
         decode = replace(
             prefill,
@@ -102,7 +116,7 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
                 setting.drafter_decode_manager,
                 decode,
             )
-            forward(decode_descriptor, decode_agreement)
+            forward(setting, rank, decode_descriptor, decode_agreement)
 
 
 PROGRAMS: dict[str, RankProgram] = {

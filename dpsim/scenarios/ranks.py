@@ -17,19 +17,21 @@ import torch
 
 from dpsim.records.case import RankBatch
 from dpsim.records.groups import EP_GROUP
-from dpsim.records.policy import CudagraphMode
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.records.sync import (
     EXPECT_EVENT,
+    RUNNER_EVENT,
     SYNC_EVENT,
     Descriptor,
     ExpectRecord,
     SyncRecord,
 )
 from dpsim.targets import runtime
-from dpsim.targets.adapters import agreement_of, describe
 from dpsim.targets.load import Target
+from dpsim.targets.v1.load import V1Target
 
 from .expect import table_choices
+from .expect_v1 import v1_choices
 
 _FORWARD_DTYPE = torch.int8
 
@@ -79,6 +81,15 @@ class RankSetting:
     drafter_prefill_manager: Any
     drafter_decode_manager: Any
     parallel_config: Any
+    #: Each rank's own ``ParallelConfig`` (its ``data_parallel_rank``), for
+    #: the V1 caller, which reads the rank off it; V2 is told the rank and
+    #: shares ``parallel_config``.
+    rank_parallel_configs: tuple[Any, ...] = ()
+
+    def parallel_config_of(self, rank: int) -> Any:
+        if self.rank_parallel_configs:
+            return self.rank_parallel_configs[rank]
+        return self.parallel_config
 
 
 def sync(
@@ -106,7 +117,7 @@ def sync(
             batch,
             setting.dp_size,
             rank,
-            parallel_config=setting.parallel_config,
+            parallel_config=setting.parallel_config_of(rank),
             reuse=reuse,
         )
     except Exception as error:
@@ -122,30 +133,45 @@ def sync(
     finally:
         if world is not None:
             world.set_skip_dp_coordination(False)
-    descriptor = describe(native_descriptor)
+    api = setting.target.api
+    descriptor = api.describe(native_descriptor)
     returned = SyncRecord(
         phase,
         batch,
         reused=reuse is not None,
         solo=solo,
         descriptor=descriptor,
-        agreement=agreement_of(native_agreement),
+        agreement=api.agreement(native_agreement),
     )
     record(SYNC_EVENT, returned.to_json())
     return descriptor, native_agreement
 
 
+def mark_runner(setting: RankSetting) -> None:
+    """Say in the trace that the V1 runner made it, so properties judge it as
+    V1's (a trace without the mark is V2's, as every trace before V1 was)."""
+    if setting.target.runner == "v1":
+        record(RUNNER_EVENT, {"runner": "v1"})
+
+
 def expect(
+    setting: RankSetting,
     rank: int,
     phase: str,
     manager: Any,
     step: tuple[RankBatch, ...],
-    microbatching: Any,
+    policy: CapturePolicy,
 ) -> Callable[[str], None]:
     """What a correct sync would choose for ``step``, worked out once (on rank
     0) and recorded for ``phase`` now; the returned function records it for a
     later phase over the same step (a solo repeat) without working it out again."""
-    choices = table_choices(manager, step, microbatching) if rank == 0 else None
+    choices = None
+    if rank == 0 and setting.target.runner == "v1":
+        choices = v1_choices(
+            manager, step, policy.microbatching, policy.decode_query_len
+        )
+    elif rank == 0:
+        choices = table_choices(manager, step, policy.microbatching)
 
     def record_for(phase: str) -> None:
         if choices is not None:
@@ -167,15 +193,21 @@ def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:
     return agreement is None and descriptor.num_tokens == 0
 
 
-def forward(descriptor: Descriptor, agreement: Any) -> None:
+def forward(
+    setting: RankSetting, rank: int, descriptor: Descriptor, agreement: Any
+) -> None:
     """The collectives a forward pass with ``descriptor`` issues on the EP group.
 
     A replayed graph has a fixed shape, so every rank's MoE dispatch moves the
     padded per-microbatch count; eager ranks exchange their real counts
-    instead. When no rank has work, no rank runs a forward.
+    instead. When no rank has work, no rank runs a forward. A V1 forward first
+    builds the release's own ``DPMetadata`` as ``set_forward_context`` does
+    (:func:`_v1_dp_metadata`), so vLLM's own count assertions run.
     """
     if no_rank_has_work(descriptor, agreement):
         return
+    if setting.target.runner == "v1":
+        _v1_dp_metadata(setting, rank, descriptor, agreement)
     world = program_world()
     group = world.group(EP_GROUP)
     dist = world.dist
@@ -190,3 +222,35 @@ def forward(descriptor: Descriptor, agreement: Any) -> None:
     activations = torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
     for _ in range(microbatches):
         dist.all_reduce(activations, group=group)
+
+
+@dataclass(frozen=True)
+class _MoEParallelConfig:
+    """What ``DPMetadata.make`` reads of a ``ParallelConfig``, for one rank of
+    a DP MoE deployment; anything else it reads fails naming the attribute."""
+
+    data_parallel_size: int
+    data_parallel_rank: int
+    is_moe_model: bool = True
+    use_sequence_parallel_moe: bool = False
+
+
+def _v1_dp_metadata(
+    setting: RankSetting, rank: int, descriptor: Descriptor, agreement: Any
+) -> None:
+    """Build the release's ``DPMetadata`` as ``set_forward_context`` does for
+    ``execute_model``'s forward: this rank's padded count and the agreed
+    counts. Its assertion that the two match is vLLM's own check; raised
+    here, it ends the rank as it would end the engine (``no-error``)."""
+    target = setting.target
+    if not isinstance(target, V1Target):
+        return
+    metadata = target.forward_context.__dict__.get("DPMetadata")
+    agreed = target.api.agreement(agreement)
+    if metadata is None or agreed is None:
+        return  # no DP metadata in this release, or one rank: none is built
+    metadata.make(
+        _MoEParallelConfig(setting.dp_size, rank),
+        descriptor.num_tokens,
+        torch.tensor(agreed.num_tokens_across_dp, dtype=torch.int32),
+    )

@@ -78,6 +78,14 @@ def setting_for(target: Target, case: Case) -> RankSetting:
             manager_for(target, tables.drafter_decode) if needs_drafter else None
         ),
         parallel_config=target.parallel_config(dp_size, 0, case.policy.microbatching),
+        rank_parallel_configs=(
+            tuple(
+                target.parallel_config(dp_size, rank, case.policy.microbatching)
+                for rank in range(dp_size)
+            )
+            if target.runner == "v1"
+            else ()
+        ),
     )
 
 

@@ -1,0 +1,285 @@
+"""Hypothesis strategies for V1-runner batches, in the two profiles.
+
+A V1 batch is what one rank passes to ``_determine_batch_execution_and_padding``,
+carried by the same :class:`~dpsim.records.case.RankBatch` as V2's (the V1
+adapter maps it: ``uniform_token_count`` u is u tokens per request, else
+``max_query_len`` is the first request and the rest is split evenly;
+``need_eager`` is ``force_eager``, ``uniform_decode`` forces the uniform-decode
+flag, ``allow_ubatching`` is ``allow_microbatching``).
+
+``caller``   what the V1 runner's own callers pass: ``execute_model``'s uniform
+             decodes of ``uniform_decode_query_len`` tokens, speculative
+             decodes with fewer drafts on some requests, prefills and mixed
+             batches (never forcing eager or the uniform flag, always allowing
+             microbatching, as 0.12-0.33 pass it), with the LoRA count of the
+             batch; an idle rank's ``execute_dummy_batch`` (``_dummy_run`` of
+             one token through 0.18, of ``uniform_decode_query_len`` tokens
+             from 0.19, one request, ``force_uniform_decode=True``, no LoRA);
+             every rank's profile run (``_dummy_run(is_profile=True)``:
+             ``force_eager``, requests split evenly, no forced flag).
+``contract`` every call the method's signature allows: any request split of
+             any token count (none at all included), ``force_eager``, the uniform flag forced on
+             batches it can describe, any LoRA count, microbatching allowed
+             or not.
+
+Encoder inputs (``num_encoder_reqs``) are not drawn: the sync inputs have no
+field for them, so no case claims them. Token counts aim at the capture
+table's edges, as for V2 (:mod:`dpsim.scenarios.generate`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from hypothesis import strategies as st
+
+from dpsim.records.case import RankBatch
+from dpsim.records.policy import Capabilities, CapturePolicy
+from dpsim.targets.buildable import BuildRules, rules_for
+from dpsim.targets.load import Target
+
+from .generate import _near, active_loras, token_counts
+
+#: The first release whose ``execute_dummy_batch`` runs ``uniform_decode_query_len``
+#: tokens (0.12-0.18 run one token).
+_DUMMY_OF_DECODE_LENGTH = (0, 19)
+
+BatchesOf = Callable[[st.DrawFn, int], list[RankBatch]]
+
+
+@dataclass(frozen=True)
+class V1CallerModel:
+    """How one release's V1 runner turns a batch into the caller's arguments."""
+
+    #: Whether an idle rank's dummy batch has ``uniform_decode_query_len``
+    #: tokens (0.19+) rather than one.
+    dummy_of_decode_length: bool
+    #: Whether the caller takes an active-LoRA count (0.17+), not only has_lora.
+    lora_counts: bool
+
+    @classmethod
+    def of_version(cls, version: str | None, lora_counts: bool) -> V1CallerModel:
+        key = _version_key(version)
+        return cls(
+            dummy_of_decode_length=key is None or key >= _DUMMY_OF_DECODE_LENGTH,
+            lora_counts=lora_counts,
+        )
+
+
+@dataclass(frozen=True)
+class V1Generation:
+    """What generating cases for one V1 target needs: its caller model, the
+    table features its dispatcher has, and the release's build rules."""
+
+    model: V1CallerModel
+    capabilities: Capabilities
+    rules: BuildRules
+    #: Whether ``ParallelConfig.num_ubatches`` exists (0.14+); before it
+    #: every microbatched step splits in two.
+    any_ubatch_count: bool
+
+    @classmethod
+    def of(cls, target: Target) -> V1Generation:
+        runner = target.source_text("v1/worker/gpu_model_runner.py") or ""
+        sync = target.source_text("v1/worker/dp_utils.py") or ""
+        compilation = target.compilation.__dict__.get("CompilationConfig")
+        return cls(
+            model=V1CallerModel.of_version(
+                target.version, lora_counts="force_num_active_loras" in runner
+            ),
+            capabilities=Capabilities(
+                has_lora=True, has_varlen_decode=False, has_microbatching=True
+            ),
+            rules=rules_for(target.package_dir, compilation),
+            any_ubatch_count="num_ubatches" in sync,
+        )
+
+    def fit(self, policy: CapturePolicy) -> CapturePolicy | None:
+        """``policy`` as this release configures it (None: it refuses to):
+        a capture ceiling only at the largest size, and two microbatches
+        where the count is not configurable. (Capture sizes are rounded for
+        speculative decoding where the release does, when its dispatcher is
+        built: :mod:`dpsim.targets.v1.dispatcher`.)"""
+        ceiling = policy.max_capture_size
+        if ceiling is not None and ceiling != max(policy.capture_sizes, default=0):
+            # CompilationConfig.post_init_cudagraph_sizes asserts they match,
+            # and the dispatcher indexes its padding table by it.
+            return None
+        settings = policy.microbatching
+        if settings is not None and not self.any_ubatch_count:
+            policy = replace(policy, microbatching=replace(settings, num_ubatches=2))
+        return policy
+
+    def batches(self, policy: CapturePolicy, scenario: str, profile: str) -> BatchesOf:
+        if profile == "caller":
+            return caller_batches(self.model, policy, scenario)
+        return contract_batches(self.model, policy, scenario)
+
+
+def _version_key(version: str | None) -> tuple[int, int] | None:
+    if version is None:
+        return None  # a tree of unknown version: the newer behaviour
+    major, minor, *_ = (int(part) for part in version.split(".")[:2] if part.isdigit())
+    return major, minor
+
+
+@functools.lru_cache(maxsize=512)
+def caller_batches(
+    model: V1CallerModel, policy: CapturePolicy, scenario: str
+) -> BatchesOf:
+    """One step's batches as the V1 runner's callers pass them."""
+    tokens = token_counts(policy)
+    loras = _loras(model, policy)
+    query_len = policy.decode_query_len
+    max_reqs = policy.max_num_seqs
+    dummy_tokens = query_len if model.dummy_of_decode_length else 1
+    threshold = (
+        policy.microbatching.decode_token_threshold if policy.microbatching else 0
+    )
+    # Decode graphs live at capture sizes whole decodes fill; sizes around
+    # them and around the threshold are where padding and splitting flip.
+    landmarks = sorted({*policy.capture_sizes, *([threshold] if threshold else [])})
+    anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
+
+    def batch(lengths: list[int], kind: str, draw: st.DrawFn) -> RankBatch:
+        equal = len(set(lengths)) == 1
+        active = min(draw(loras), len(lengths)) if kind != "dummy" else 0
+        return RankBatch(
+            num_reqs=len(lengths),
+            num_tokens=sum(lengths),
+            uniform_token_count=lengths[0] if equal else None,
+            max_query_len=max(lengths),
+            num_active_loras=active,
+            allow_ubatching=True,
+            uniform_decode=kind == "dummy",
+            kind=kind,
+        )
+
+    def requests_near(draw: st.DrawFn, anchor: int) -> int:
+        near = sorted(
+            {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
+        )
+        return draw(st.one_of(st.sampled_from(near), st.integers(1, max_reqs)))
+
+    def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
+        kind = draw(st.sampled_from(kinds))
+        if kind == "dummy":
+            return batch([dummy_tokens], kind, draw)
+        if kind == "decode":
+            return batch([query_len] * requests_near(draw, anchor), kind, draw)
+        if kind == "varlen" and query_len > 1:
+            reqs = requests_near(draw, anchor)
+            short = draw(st.integers(1, reqs))
+            shorter = draw(st.integers(1, query_len - 1))
+            lengths = [query_len] * (reqs - short) + [shorter] * short
+            return batch(lengths, kind, draw)
+        total = draw(st.one_of(st.sampled_from(_near(anchor)), tokens))
+        prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
+        lengths = split_evenly(total, prefills)
+        if kind == "mixed":
+            decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
+            lengths = [query_len] * decodes + lengths
+        return batch(lengths, "prefill" if kind == "varlen" else kind, draw)
+
+    def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        # Every rank profiles the same batch: _dummy_run(is_profile=True).
+        total = draw(tokens)
+        lengths = split_evenly(total, min(total, max_reqs))
+        profile = replace(
+            batch(lengths, "profile", draw),
+            need_eager=True,
+            num_active_loras=0,
+            uniform_token_count=None,
+        )
+        return [profile] * dp_size
+
+    def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        kinds = draw(st.sampled_from(KIND_MIXES))
+        anchor = draw(anchors)
+        palette = [
+            one_rank(draw, kinds, anchor) for _ in range(draw(st.integers(1, 3)))
+        ]
+        batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        if all(rank.kind == "dummy" for rank in batches):
+            # With no work on any rank the engine does not step at all.
+            batches[0] = batch([query_len], "decode", draw)
+        return batches
+
+    return profile_step if scenario == "profile" else step
+
+
+@functools.lru_cache(maxsize=512)
+def contract_batches(
+    model: V1CallerModel, policy: CapturePolicy, scenario: str
+) -> BatchesOf:
+    """One step's batches as the caller method's signature allows them."""
+    counts = st.one_of(token_counts(policy), st.just(0))
+    loras = _loras(model, policy)
+    query_len = policy.decode_query_len
+    max_reqs = policy.max_num_seqs
+
+    def one_rank(draw: st.DrawFn) -> RankBatch:
+        total = draw(counts)
+        if total == 0:
+            # Nothing scheduled: execute_model returns before the method, but
+            # its signature takes it, and a sync must not hang on it.
+            return RankBatch(
+                num_reqs=0,
+                num_tokens=0,
+                need_eager=scenario == "profile" or draw(st.booleans()),
+                allow_ubatching=draw(st.booleans()),
+                kind="idle",
+            )
+        reqs = draw(st.integers(1, max(1, min(total, max_reqs))))
+        uniform: int | None = None
+        longest = draw(st.integers(-(-total // reqs), total - (reqs - 1)))
+        if total % reqs == 0 and draw(st.booleans()):
+            uniform = longest = total // reqs
+        # The uniform flag is forced only where it describes the batch: whole
+        # decodes of the decode length, or one shorter request (a dummy run).
+        describable = longest == query_len and total == query_len * reqs
+        describable = describable or (reqs == 1 and total <= query_len)
+        return RankBatch(
+            num_reqs=reqs,
+            num_tokens=total,
+            uniform_token_count=uniform,
+            max_query_len=longest,
+            need_eager=scenario == "profile" or draw(st.booleans()),
+            num_active_loras=draw(loras),
+            allow_ubatching=draw(st.booleans()),
+            uniform_decode=describable and draw(st.booleans()),
+        )
+
+    def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        palette = [one_rank(draw) for _ in range(draw(st.integers(1, 3)))]
+        return [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+
+    return step
+
+
+def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int]:
+    """Active LoRA counts: none without LoRA; before 0.17 the caller passes
+    only whether any is active, so 0 or 1 say all there is to say."""
+    if not policy.lora_capture_cases:
+        return st.just(0)
+    return active_loras(policy) if model.lora_counts else st.sampled_from((0, 1))
+
+
+#: Which kinds of batch one step may mix (swarm testing); simplest first.
+KIND_MIXES: tuple[tuple[str, ...], ...] = (
+    ("decode",),
+    ("decode", "dummy"),
+    ("decode", "varlen"),
+    ("decode", "dummy", "mixed", "prefill"),
+    ("prefill", "mixed"),
+)
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """``total`` tokens over ``parts`` requests, the remainder on the last one,
+    as ``_dummy_run`` splits them."""
+    parts = max(1, min(parts, total))
+    base, extra = divmod(total, parts)
+    return [base] * (parts - 1) + [base + extra]

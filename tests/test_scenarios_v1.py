@@ -1,0 +1,322 @@
+"""The V1 runner's scenarios: oracle, generators, and real checks.
+
+The fast tests run the oracle against a small dispatcher written here (FULL
+graphs for uniform decodes, PIECEWISE ones for everything, at sizes 1-8) and
+draw from the V1 strategies without a release. The release tests run the
+scenarios on real V1 callers and dispatchers and hold the verdicts examined
+in the README.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dpsim.corpus as corpus
+from dpsim.check import CheckOptions, run_check
+from dpsim.properties import judge
+from dpsim.records.case import Case, RankBatch
+from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.scenarios import run_case
+from dpsim.scenarios.expect_v1 import is_uniform_decode, v1_choices
+from dpsim.scenarios.generate_v1 import (
+    V1CallerModel,
+    caller_batches,
+    contract_batches,
+)
+from dpsim.targets import load_target
+
+
+class Mode(enum.Enum):
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+
+
+@dataclass(frozen=True)
+class Key:
+    num_tokens: int
+    uniform: bool = False
+
+
+class TinyDispatcher:
+    """A V1-style dispatcher: FULL keys for uniform decodes, PIECEWISE for
+    all, at sizes 1, 2, 4, 8 (as 0.17+'s signature takes them)."""
+
+    cudagraph_mode = Mode.FULL
+    sizes = (1, 2, 4, 8)
+
+    def dispatch(
+        self,
+        num_tokens: int,
+        uniform_decode: bool = False,
+        has_lora: bool = False,
+        num_active_loras: int = 0,
+        valid_modes: Any = None,
+        invalid_modes: Any = None,
+    ) -> tuple[Mode, Key]:
+        allowed = set(valid_modes or {Mode.NONE, Mode.PIECEWISE, Mode.FULL})
+        allowed -= set(invalid_modes or ())
+        padded = next((size for size in self.sizes if size >= num_tokens), None)
+        if padded is None or has_lora:
+            return Mode.NONE, Key(num_tokens)
+        if uniform_decode and Mode.FULL in allowed:
+            return Mode.FULL, Key(padded, True)
+        if Mode.PIECEWISE in allowed:
+            return Mode.PIECEWISE, Key(padded)
+        return Mode.NONE, Key(num_tokens)
+
+
+def decode(reqs: int, **extra: Any) -> RankBatch:
+    return RankBatch(
+        num_reqs=reqs, num_tokens=reqs, uniform_token_count=1, max_query_len=1, **extra
+    )
+
+
+def prefill(tokens: int, **extra: Any) -> RankBatch:
+    return RankBatch(num_reqs=1, num_tokens=tokens, max_query_len=tokens, **extra)
+
+
+def shapes(step: list[RankBatch], splits: Microbatching | None = None) -> list[Any]:
+    chosen = v1_choices(TinyDispatcher(), step, splits, 1)
+    assert chosen is not None
+    return [(c.cg_mode, c.num_tokens, c.num_ubatches) for c in chosen]
+
+
+def test_the_oracle_pads_graphs_to_the_largest_at_the_least_mode() -> None:
+    full, piecewise = CudagraphMode.FULL, CudagraphMode.PIECEWISE
+    assert shapes([decode(3), decode(1)]) == [(full, 4, 1), (full, 4, 1)]
+    # A mixed rank holds the uniform one to PIECEWISE: the least mode.
+    assert shapes([decode(3), prefill(5)]) == [(piecewise, 8, 1), (piecewise, 8, 1)]
+
+
+def test_the_oracle_makes_every_rank_eager_at_its_own_count_when_one_is() -> None:
+    none = CudagraphMode.NONE
+    assert shapes([decode(3), prefill(5, need_eager=True)]) == [
+        (none, 4, 1),  # its own padded vote: nothing pads it to the largest
+        (none, 5, 1),
+    ]
+    # Past the largest graph a rank votes eager at its own count.
+    assert shapes([decode(3), prefill(9)]) == [(none, 4, 1), (none, 9, 1)]
+
+
+def test_the_oracle_splits_only_when_every_rank_fills_the_last_microbatch() -> None:
+    two = Microbatching(
+        num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
+    )
+    allow = {"allow_ubatching": True}
+    full = CudagraphMode.FULL
+    assert shapes([decode(5, **allow), decode(6, **allow)], two) == [(full, 8, 2)] * 2
+    # 4 tokens of an 8-token split leave rank 0's second half empty.
+    assert shapes([decode(4, **allow), decode(6, **allow)], two) == [(full, 8, 1)] * 2
+    # One rank not allowing it keeps everyone whole.
+    assert shapes([decode(5), decode(6, **allow)], two) == [(full, 8, 1)] * 2
+    # A prefill is held to the prefill threshold, a decode to the decode one.
+    mixed = replace(two, prefill_token_threshold=7)
+    assert shapes([prefill(6, **allow), decode(6, **allow)], mixed)[0][2] == 1
+
+
+def test_the_oracle_judges_no_step_of_one_rank() -> None:
+    assert v1_choices(TinyDispatcher(), [decode(1)], None, 1) is None
+
+
+def test_dummy_runs_force_the_uniform_flag_and_execute_model_works_it_out() -> None:
+    assert is_uniform_decode(decode(3), 1)
+    assert not is_uniform_decode(decode(3), 2)
+    dummy = RankBatch(
+        num_reqs=1,
+        num_tokens=1,
+        uniform_token_count=1,
+        uniform_decode=True,
+        kind="dummy",
+    )
+    assert is_uniform_decode(dummy, 2)  # _dummy_run(1, uniform_decode=True)
+    profile = replace(dummy, uniform_decode=False, kind="profile")
+    assert not is_uniform_decode(profile, 1)  # the flag is forced either way
+
+
+POLICY = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8),
+    cudagraph_mode="FULL_AND_PIECEWISE",
+    max_num_seqs=8,
+    decode_query_len=2,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), new=st.booleans())
+def test_caller_batches_are_what_execute_model_and_dummy_runs_pass(
+    data: st.DataObject, new: bool
+) -> None:
+    model = V1CallerModel(dummy_of_decode_length=new, lora_counts=True)
+    step = caller_batches(model, POLICY, "step")(data.draw, 3)
+    assert any(batch.kind != "dummy" for batch in step)
+    for batch in step:
+        assert not batch.need_eager and batch.allow_ubatching
+        assert batch.num_active_loras == 0  # the policy configures no LoRA
+        if batch.kind == "dummy":
+            assert (batch.num_reqs, batch.uniform_decode) == (1, True)
+            assert batch.num_tokens == (2 if new else 1)
+        else:
+            assert not batch.uniform_decode and batch.num_tokens >= batch.num_reqs
+    profile = caller_batches(model, POLICY, "profile")(data.draw, 3)
+    assert len(set(profile)) == 1 and profile[0].need_eager
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_contract_batches_force_the_uniform_flag_only_where_it_describes_them(
+    data: st.DataObject,
+) -> None:
+    model = V1CallerModel(dummy_of_decode_length=True, lora_counts=True)
+    for batch in contract_batches(model, POLICY, "step")(data.draw, 4):
+        if batch.kind == "idle":
+            assert (batch.num_tokens, batch.num_reqs, batch.uniform_decode) == (
+                0,
+                0,
+                False,
+            )
+            continue
+        assert 1 <= batch.num_reqs <= batch.num_tokens
+        longest = batch.max_query_len
+        assert longest is not None and longest <= batch.num_tokens - batch.num_reqs + 1
+        if batch.uniform_decode:
+            assert longest <= 2 and (
+                batch.num_reqs == 1 or batch.num_tokens == 2 * batch.num_reqs
+            )
+
+
+# -- real V1 callers (release tier) ------------------------------------------
+
+GRAPHS = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8, 16),
+    cudagraph_mode="FULL_AND_PIECEWISE",
+    max_num_seqs=16,
+)
+TWO_WAY = CapturePolicy(
+    capture_sizes=(8, 16),
+    cudagraph_mode="FULL",
+    max_num_seqs=16,
+    microbatching=Microbatching(
+        num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
+    ),
+)
+
+
+def step_of(*batches: RankBatch, policy: CapturePolicy = GRAPHS) -> Case:
+    scenario = "ubatch" if policy.microbatching else "step"
+    return Case(scenario, "caller", policy, (tuple(batches),))
+
+
+ALLOW = {"allow_ubatching": True}
+#: Hand-made steps, each reaching one bug class of the V1 corpus.
+STEPS = {
+    # Both ranks decode: FULL graphs of 4 once padded to the largest.
+    "graphs": step_of(decode(3, **ALLOW), decode(1, **ALLOW)),
+    # A prefill past the largest graph makes every rank eager.
+    "eager": step_of(decode(3, **ALLOW), prefill(20, **ALLOW)),
+    # 4 tokens of an 8-token two-way split: rank 0's second half is empty.
+    "half-empty split": step_of(decode(4, **ALLOW), decode(8, **ALLOW), policy=TWO_WAY),
+    # Rank 0 does not allow microbatching: nobody splits.
+    "one vetoes": step_of(decode(6), decode(8, **ALLOW), policy=TWO_WAY),
+}
+
+
+def judged(target: Any, case: Any) -> list[str]:
+    return [verdict.property for verdict in judge(case, run_case(target, case))]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_the_hand_made_steps_pass_on_0_33_0(name: str) -> None:
+    assert judged(load_target("0.33.0", runner="v1"), STEPS[name]) == []
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("entry", "step", "caught"),
+    [
+        ("v1-unpadded-count-row", "graphs", "no-error"),
+        ("v1-graph-not-padded", "graphs", "no-hang"),
+        ("v1-pad-own-rank-only", "graphs", "agreement"),
+        ("v1-pad-own-rank-only", "graphs", "padded-counts"),
+        ("v1-mode-not-synced", "eager", "eager-contagion"),
+        ("v1-pad-to-smallest", "graphs", "coverage"),
+        ("v1-ubatch-guard-dropped", "half-empty split", "ubatch-split"),
+        ("v1-ubatch-own-vote", "one vetoes", "ubatch-decision"),
+        ("v1-mode-max", "eager", "graph-choice"),
+    ],
+)
+def test_each_property_catches_its_bug_in_a_faulty_v1_sync(
+    entry: str, step: str, caught: str, tmp_path: Any
+) -> None:
+    path = corpus.materialize(corpus.entry(entry), tmp_path)
+    assert caught in judged(load_target("0.33.0", path, runner="v1"), STEPS[step])
+
+
+@pytest.mark.release
+def test_solo_catches_a_skipped_sync_that_still_reduces(tmp_path: Any) -> None:
+    twin = corpus.reference_path("v1-v33").read_text()
+    faulty = tmp_path / "dp_utils.py"
+    faulty.write_text(
+        corpus.apply_edits(
+            twin,
+            (("    if should_skip_dp_coordination():\n", "    if False:\n"),),
+            "solo",
+        )
+    )
+    shared = step_of(decode(3, **ALLOW), decode(3, **ALLOW))
+    assert judged(load_target("0.33.0", runner="v1"), shared) == []
+    assert judged(load_target("0.33.0", faulty, runner="v1"), shared) == ["solo"]
+
+
+#: What a few hundred cases of each profile find on real V1 releases, per
+#: scenario: the first property each failure shows (README, "What dpsim
+#: found"; each examined there as a vLLM bug or a gap in dpsim's model).
+REAL_FINDINGS: dict[str, dict[tuple[str, str], str]] = {
+    "0.33.0": {},
+    "0.17.0": {
+        ("caller", "step"): "no-error",
+        ("caller", "ubatch"): "no-error",
+        ("contract", "step"): "no-error",
+        ("contract", "ubatch"): "no-error",
+    },
+    "0.13.0": {
+        ("caller", "step"): "graph-choice",
+        ("caller", "ubatch"): "graph-choice",
+        ("contract", "step"): "graph-choice",
+        ("contract", "profile"): "graph-choice",
+        ("contract", "ubatch"): "graph-choice",
+    },
+    "0.12.0": {
+        ("caller", "step"): "graph-choice",
+        ("caller", "ubatch"): "ubatch-split",
+        ("contract", "step"): "graph-choice",
+        ("contract", "profile"): "graph-choice",
+        ("contract", "ubatch"): "graph-choice",
+    },
+}
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", sorted(REAL_FINDINGS))
+@pytest.mark.parametrize("profile", ["caller", "contract"])
+def test_a_real_check_on_v1_releases_finds_what_was_examined(
+    version: str, profile: str
+) -> None:
+    target = load_target(version, runner="v1")
+    report = run_check(target, CheckOptions(profile=profile, examples=200))
+    found = {
+        (profile, run.scenario): run.finding.primary.property
+        for run in report.runs
+        if run.finding is not None
+    }
+    expected = {
+        key: value for key, value in REAL_FINDINGS[version].items() if key[0] == profile
+    }
+    assert found == expected
