@@ -121,13 +121,18 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """What to check: ``--vllm``, ``--target``, ``--runner``, ``--caller-file``
+    (see :func:`target_spec`)."""
     parser.add_argument(
         "--vllm",
         metavar="SPEC",
         help=f"a release (default {DEFAULT_RELEASE}), source tree or vllm package dir",
     )
     parser.add_argument(
-        "--target", metavar="FILE", help="a dp_utils.py to run against --vllm"
+        "--target",
+        metavar="FILE",
+        help="a dp_utils.py to run against --vllm (V2's or V1's: the runner "
+        "whose sync it defines)",
     )
     add_runner_argument(parser)
     parser.add_argument(
