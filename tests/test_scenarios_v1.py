@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +23,7 @@ from dpsim.check import CheckOptions, run_check
 from dpsim.properties import judge
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.records.sync import Descriptor
 from dpsim.scenarios import run_case
 from dpsim.scenarios.expect_v1 import is_uniform_decode, v1_choices
 from dpsim.scenarios.generate_v1 import (
@@ -29,6 +31,8 @@ from dpsim.scenarios.generate_v1 import (
     caller_batches,
     contract_batches,
 )
+from dpsim.scenarios.ranks import _v1_dp_metadata
+from dpsim.scenarios.run import setting_for
 from dpsim.targets import load_target
 
 
@@ -320,3 +324,21 @@ def test_a_real_check_on_v1_releases_finds_what_was_examined(
         key: value for key, value in REAL_FINDINGS[version].items() if key[0] == profile
     }
     assert found == expected
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("version", "returned"),
+    [("0.12.0", (None,)), ("0.33.0", (False,))],
+)
+def test_the_forward_runs_the_releases_dp_metadata_count_check(
+    version: str, returned: tuple[Any, ...]
+) -> None:
+    target = load_target(version, runner="v1")
+    setting = setting_for(target, STEPS["graphs"])
+    runs = Descriptor(CudagraphMode.FULL, 4, 4)
+    # What coordinate_batch_across_dp returned: counts of 3 and 4 tokens.
+    native = (*returned, torch.tensor([3, 4], dtype=torch.int32))
+    with pytest.raises(AssertionError):
+        _v1_dp_metadata(setting, 0, runs, native)  # rank 0 runs 4, was told 3
+    _v1_dp_metadata(setting, 1, runs, native)

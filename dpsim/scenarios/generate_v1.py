@@ -39,6 +39,7 @@ from dpsim.records.case import RankBatch
 from dpsim.records.policy import Capabilities, CapturePolicy
 from dpsim.targets.buildable import BuildRules, rules_for
 from dpsim.targets.load import Target
+from dpsim.targets.v1.dispatcher import lora_settings
 
 from .generate import _near, active_loras, token_counts
 
@@ -260,11 +261,19 @@ def contract_batches(
 
 
 def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int]:
-    """Active LoRA counts: none without LoRA; before 0.17 the caller passes
-    only whether any is active, so 0 or 1 say all there is to say."""
-    if not policy.lora_capture_cases:
+    """Active LoRA counts: none without LoRA, at most the ``max_loras`` the
+    table's LoRA cases come from; before 0.17 the caller passes only whether
+    any is active, so 0 or 1 say all there is to say."""
+    settings = lora_settings(policy.lora_capture_cases)
+    if settings is None:
         return st.just(0)
-    return active_loras(policy) if model.lora_counts else st.sampled_from((0, 1))
+    # At most max_loras adapters are active in a batch.
+    most = settings[0]
+    return (
+        active_loras(policy, most)
+        if model.lora_counts
+        else st.integers(0, min(most, 1))
+    )
 
 
 #: Which kinds of batch one step may mix (swarm testing); simplest first.
