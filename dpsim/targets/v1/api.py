@@ -239,7 +239,15 @@ class V1API:
             num_tokens=int(descriptor.num_tokens),
             num_reqs=None if num_reqs is None else int(num_reqs),
             uniform_token_count=native.decode_query_len if uniform else None,
-            num_active_loras=int(getattr(descriptor, "num_active_loras", 0)),
+            # Before 0.17 a key says only whether LoRA is on (the caller
+            # passes no count then): read that as one active adapter.
+            num_active_loras=int(
+                getattr(
+                    descriptor,
+                    "num_active_loras",
+                    getattr(descriptor, "has_lora", False),
+                )
+            ),
             num_ubatches=native.num_ubatches,
         )
 
