@@ -240,7 +240,7 @@ def run_check(
     options: CheckOptions,
     progress: Progress | None = None,
 ) -> CheckReport:
-    properties = select(options.properties)
+    properties = select(options.properties, target.runner)
     available = scenarios_for(target)
     chosen = options.scenarios or available
     for name in chosen:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_properties import POLICY, batch, chose
 
-from dpsim.properties import PROPERTIES, judge, not_run
+from dpsim.errors import UsageError
+from dpsim.properties import PROPERTIES, judge, not_run, select
 from dpsim.properties.base import Verdict
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.groups import EP_GROUP
@@ -162,3 +164,12 @@ def test_ubatch_decision_on_v1_holds_each_rank_to_the_oracles_split() -> None:
     assert "ubatch-decision" in failing(
         split_records([1, 1]), policy=SPLITTING, runner=None
     )
+
+
+def test_naming_a_property_that_is_not_run_on_v1_is_refused_in_one_line() -> None:
+    with pytest.raises(
+        UsageError, match=r"^property 'reuse' is not run on the V1 runner: "
+    ):
+        select(["reuse"], "v1")
+    assert [prop.name for prop in select(["reuse"], "v2")] == ["reuse"]
+    assert [prop.name for prop in select(["coverage"], "v1")] == ["coverage"]

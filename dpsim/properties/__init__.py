@@ -54,8 +54,12 @@ PROPERTIES: dict[str, Property] = {
 PROPERTY_NAMES = tuple(PROPERTIES)
 
 
-def select(names: Iterable[str] | None) -> tuple[Property, ...]:
-    """The properties named (all when None), refusing unknown names clearly."""
+def select(
+    names: Iterable[str] | None, runner: str | None = None
+) -> tuple[Property, ...]:
+    """The properties named (all when None), refusing unknown names clearly;
+    with ``runner``, refusing one named that is not run on it (a check of it
+    would pass without judging anything)."""
     if not names:
         return tuple(PROPERTIES.values())
     chosen = []
@@ -64,7 +68,13 @@ def select(names: Iterable[str] | None) -> tuple[Property, ...]:
             raise UsageError(
                 f"unknown property {name!r}; known: {', '.join(PROPERTY_NAMES)}"
             )
-        chosen.append(PROPERTIES[name])
+        prop = PROPERTIES[name]
+        if runner is not None and not prop.applies_to(runner):
+            raise UsageError(
+                f"property {name!r} is not run on the {runner.upper()} runner: "
+                f"{prop.not_for_v1}"
+            )
+        chosen.append(prop)
     return tuple(chosen)
 
 
