@@ -3,8 +3,10 @@
 Why: a property suite is only worth running if it catches the bugs vLLM has
 actually shipped. Each :class:`FaultyTarget` is a small, realistic diff
 against a correct dp_utils written for dpsim from the documented contract
-(``reference_v29.py`` for the 0.29.0 API, ``reference_v33.py`` for 0.33.0),
-modelled on an upstream fix and naming the property that must catch it.
+(``reference_v29.py`` for the 0.29.0 API, ``reference_v33.py`` for 0.33.0,
+``reference_v1_v33.py`` for the V1 runner's sync of 0.33.0), modelled on an
+upstream fix and naming the property that must catch it. Each entry names
+the runner whose sync it replaces (``dpsim check --runner``).
 
 Two kinds of entry: ``issue`` entries replay a bug class from the public
 record and may trip several properties; ``witness`` entries are built so that
