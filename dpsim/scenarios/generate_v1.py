@@ -41,7 +41,7 @@ from dpsim.targets.buildable import BuildRules, rules_for
 from dpsim.targets.load import Target
 from dpsim.targets.v1.dispatcher import lora_settings
 
-from .generate import _near, active_loras, token_counts
+from .generate import KIND_MIXES, _near, active_loras, token_counts
 
 #: The first release whose ``execute_dummy_batch`` runs ``uniform_decode_query_len``
 #: tokens (0.12-0.18 run one token).
@@ -274,16 +274,6 @@ def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int
         if model.lora_counts
         else st.integers(0, min(most, 1))
     )
-
-
-#: Which kinds of batch one step may mix (swarm testing); simplest first.
-KIND_MIXES: tuple[tuple[str, ...], ...] = (
-    ("decode",),
-    ("decode", "dummy"),
-    ("decode", "varlen"),
-    ("decode", "dummy", "mixed", "prefill"),
-    ("prefill", "mixed"),
-)
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
