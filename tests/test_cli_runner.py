@@ -142,7 +142,7 @@ def test_suite_options_refuse_a_bad_runner_in_one_line() -> None:
         SuiteOptions(runner="V1").validate()
 
 
-def test_dpsim_runner_is_read_from_the_flag_or_the_environment(
+def test_dpsim_runner_and_caller_file_are_read_from_the_flag_or_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("DPSIM_RUNNER", "v1")
@@ -151,6 +151,11 @@ def test_dpsim_runner_is_read_from_the_flag_or_the_environment(
     monkeypatch.setenv("DPSIM_RUNNER", "v9")
     with pytest.raises(UsageError, match=r"^runner 'v9': expected one of v1, v2$"):
         _configure({}, False)
+    monkeypatch.setenv("DPSIM_CALLER_FILE", "/env/gpu_model_runner.py")
+    monkeypatch.setenv("DPSIM_RUNNER", "v1")
+    assert _configure({}, False).options.caller_file == "/env/gpu_model_runner.py"
+    flagged = _configure({"caller-file": "/flag/gpu_model_runner.py"}, False)
+    assert flagged.options.caller_file == "/flag/gpu_model_runner.py"
 
 
 def test_a_named_v1_runner_keys_its_own_examples_and_v2_keys_stay() -> None:
