@@ -23,7 +23,7 @@ from dpsim.check import CheckOptions, run_check
 from dpsim.properties import judge
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
-from dpsim.records.sync import Descriptor
+from dpsim.records.sync import Descriptor, sync_records
 from dpsim.scenarios import run_case
 from dpsim.scenarios.expect_v1 import is_uniform_decode, v1_choices
 from dpsim.scenarios.generate_v1 import (
@@ -454,3 +454,21 @@ def test_the_forward_runs_the_releases_dp_metadata_count_check(
     with pytest.raises(AssertionError):
         _v1_dp_metadata(setting, 0, runs, native)  # rank 0 runs 4, was told 3
     _v1_dp_metadata(setting, 1, runs, native)
+
+
+@pytest.mark.release
+def test_where_the_dispatcher_asserts_each_rank_raises_in_its_own_call() -> None:
+    # The oracle runs in rank 0's program before its sync; the release's
+    # dispatcher asserting there must leave the step unjudged, so that rank 0
+    # is seen raising in its own call, like every other rank, not before it.
+    # (0.17's FULL mode with a decode of 3: its graph of 4 is no multiple of 3.)
+    policy = replace(
+        FULL_DECODES, cudagraph_mode="FULL", capture_sizes=(1, 2, 4), decode_query_len=3
+    )
+    spec_decode = RankBatch(num_reqs=1, num_tokens=3, uniform_token_count=3, **ALLOW)
+    result = run_case(
+        load_target("0.17.0", runner="v1"), ranks_of(policy, spec_decode, spec_decode)
+    )
+    records = [sync_records(rank.events) for rank in result.ranks]
+    assert [[record.raised for record in syncs] for syncs in records] == [[True]] * 2
+    assert all("AssertionError" in (syncs[0].error or "") for syncs in records)
