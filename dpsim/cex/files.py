@@ -100,13 +100,18 @@ def encode(counterexample: Counterexample) -> str:
     return json.dumps(counterexample.to_dict(), indent=1, sort_keys=True) + "\n"
 
 
-def write(counterexample: Counterexample, directory: Path) -> Path:
-    """Write atomically under ``directory``; the name is derived from the content."""
+def write(
+    counterexample: Counterexample, directory: Path, name: str | None = None
+) -> Path:
+    """Write atomically under ``directory``; the name is derived from the
+    content, its first part ``name`` when given (``dpsim diff`` names a file
+    after the difference it shows, not a verdict)."""
     text = encode(counterexample)
     digest = hashlib.sha256(
         json.dumps(counterexample.case.to_dict(), sort_keys=True).encode()
     ).hexdigest()[:10]
-    path = directory / f"{stem(counterexample, digest)}.json"
+    first = stem(counterexample, digest) if name is None else f"{name}-{digest}"
+    path = directory / f"{first}.json"
     directory.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(
         dir=directory, prefix=".writing-", suffix=".json"

@@ -1,0 +1,350 @@
+"""``dpsim diff``'s engine: the same cases on both sides, then shrink each kind.
+
+Cases come from the BASE side's generators, once per scenario, seeded: the
+base is the code under review's reference (the release before an upgrade,
+the tree before a pull request), so its caller profile is what "the batches
+vLLM sends" means, and the question is what the new side does with them.
+Only scenarios both sides run are drawn. A case the new side cannot run at
+all (:func:`~dpsim.scenarios.run.why_not_runnable`: a scenario or an input it
+lacks) or whose policy either side's vLLM refuses (``PolicyRefused``) is
+rejected, as ``check`` rejects a refused policy, and counted apart: it is
+no difference.
+
+The survey runs ``--examples`` cases per scenario on both sides and tallies
+each kind of difference (:mod:`dpsim.diff.outcome`). Then, per kind not
+declared expected, a second seeded search replays the survey's draws (same
+seed, same answers up to there, so the same cases: the survey's verdicts are
+kept per case and not simulated again) until a case shows that kind, and
+Hypothesis shrinks it keeping only cases that still show that kind: the
+smallest case of a padding change, not of whatever else the first case also
+showed. Same sides, options and seed: the same report, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from random import Random
+
+from hypothesis import HealthCheck, Phase, find, reject, settings
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+from hypothesis.strategies import SearchStrategy
+
+from dpsim.check import DEFAULT_EXAMPLES, evaluate
+from dpsim.errors import UsageError
+from dpsim.properties import PROPERTIES, Verdict
+from dpsim.records.case import Case
+from dpsim.records.policy import CapturePolicy
+from dpsim.records.trace import SimResult
+from dpsim.scenarios import PolicyRefused
+from dpsim.scenarios.generate import (
+    DEFAULT_RANKS,
+    cases,
+    scenarios_for,
+    seeded_draws_only,
+)
+from dpsim.scenarios.run import why_not_runnable
+from dpsim.sim.workers import reset_pool
+from dpsim.targets.load import Target
+
+from .outcome import Observed, differences, ordered
+
+#: Called as ``progress(what, scenario, cases_run, cases_planned)``; ``what``
+#: is "survey" or the kind being shrunk.
+Progress = Callable[[str, str, int, int], None]
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    scenarios: tuple[str, ...] = ()
+    profile: str = "caller"
+    ranks: tuple[int, int] = DEFAULT_RANKS
+    policy: CapturePolicy | None = None
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 0
+    #: Kinds the user expects: counted apart, not shrunk, not a failure.
+    expected: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """One case on one side."""
+
+    result: SimResult
+    verdicts: tuple[Verdict, ...]
+    observed: Observed
+
+
+@dataclass(frozen=True)
+class Group:
+    """Every case that showed one kind of difference, and its smallest one."""
+
+    kind: str
+    #: Cases of the survey showing it, per scenario (in the order run).
+    counts: tuple[tuple[str, int], ...]
+    expected: bool
+    #: The shrunk case (None for an expected kind: not shrunk).
+    case: Case | None = None
+    base: SideRun | None = None
+    new: SideRun | None = None
+    #: Every kind the shrunk case shows (``kind`` among them).
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return sum(count for _, count in self.counts)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """One scenario's survey."""
+
+    scenario: str
+    #: Cases run on both sides.
+    ran: int = 0
+    #: Cases with a difference not declared expected.
+    differed: int = 0
+    #: Cases whose only differences were declared expected.
+    expected_only: int = 0
+    #: Cases rejected because the base's vLLM refused the policy.
+    base_refused: int = 0
+    #: Cases the new side could not run, by reason (first reasons, counted).
+    new_cannot: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class DiffReport:
+    base: Target
+    new: Target
+    options: DiffOptions
+    #: The properties whose verdicts are compared (those both runners run).
+    compared: tuple[str, ...]
+    tallies: tuple[Tally, ...]
+    groups: tuple[Group, ...]
+
+    @property
+    def ran(self) -> int:
+        return sum(tally.ran for tally in self.tallies)
+
+    @property
+    def differed(self) -> int:
+        return sum(tally.differed for tally in self.tallies)
+
+    @property
+    def unexpected(self) -> tuple[Group, ...]:
+        return tuple(group for group in self.groups if not group.expected)
+
+
+def shared_scenarios(
+    base: Target, new: Target, asked: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The scenarios both sides run (``asked`` of them when given); a scenario
+    asked for that a side lacks is a one-line refusal naming the side."""
+    mine, theirs = scenarios_for(base), scenarios_for(new)
+    both = tuple(name for name in mine if name in theirs)
+    for name in asked:
+        for side, target, has in (("base", base, mine), ("new", new, theirs)):
+            if name not in has:
+                raise UsageError(
+                    f"the {side} side ({target.label}) has no {name!r} scenario; "
+                    f"both sides run: {', '.join(both) or 'none'}"
+                )
+    chosen = tuple(name for name in both if not asked or name in asked)
+    if not chosen:
+        raise UsageError(
+            f"{base.label} and {new.label} share no scenario to run the same cases on"
+        )
+    return chosen
+
+
+class _Refused(Exception):
+    """The case cannot run on one side; ``reason`` says why, for the tally."""
+
+    def __init__(self, side: str, reason: str) -> None:
+        super().__init__(reason)
+        self.side = side
+        self.reason = reason
+
+
+class _Pair:
+    """Runs a case on both sides and remembers which kinds it showed."""
+
+    def __init__(self, base: Target, new: Target) -> None:
+        self.base = base
+        self.new = new
+        self.compared = frozenset(
+            prop.name
+            for prop in PROPERTIES.values()
+            if prop.applies_to(base.runner) and prop.applies_to(new.runner)
+        )
+        self.seen: dict[Case, frozenset[str] | _Refused] = {}
+
+    def run(self, case: Case) -> tuple[SideRun, SideRun]:
+        """Both sides' runs of ``case``; :class:`_Refused` if one cannot."""
+        base = self._side(self.base, case, "base")
+        why = why_not_runnable(self.new, case)
+        if why is not None:
+            raise _Refused("new", why)
+        return base, self._side(self.new, case, "new")
+
+    @staticmethod
+    def _side(target: Target, case: Case, side: str) -> SideRun:
+        try:
+            result, verdicts = evaluate(target, case, tuple(PROPERTIES.values()))
+        except PolicyRefused as refused:
+            raise _Refused(side, f"policy refused: {refused}") from None
+        return SideRun(result, tuple(verdicts), Observed.of(case, result, verdicts))
+
+    def kinds(self, case: Case) -> frozenset[str]:
+        """The kinds ``case`` shows, run once per case; :class:`_Refused` again
+        for a case a side could not run."""
+        known = self.seen.get(case)
+        if known is None:
+            try:
+                base, new = self.run(case)
+                known = differences(base.observed, new.observed, self.compared)
+            except _Refused as refused:
+                known = refused
+            self.seen[case] = known
+        if isinstance(known, _Refused):
+            raise known
+        return known
+
+
+def _settings(examples: int, shrink: bool) -> settings:
+    return settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate, Phase.shrink) if shrink else (Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+
+
+def run_diff(
+    base: Target,
+    new: Target,
+    options: DiffOptions,
+    progress: Progress | None = None,
+) -> DiffReport:
+    chosen = shared_scenarios(base, new, options.scenarios)
+    reset_pool()  # as check does: pooled workers stay within one search
+    pair = _Pair(base, new)
+    strategies = {
+        name: cases(
+            base,
+            scenario=name,
+            profile=options.profile,
+            ranks=options.ranks,
+            policy=options.policy,
+        )
+        for name in chosen
+    }
+    tallies = []
+    counts: dict[str, dict[str, int]] = {}
+    for name in chosen:
+        tallies.append(_survey(pair, name, strategies[name], options, counts, progress))
+    groups = []
+    for kind in ordered(counts):
+        per_scenario = tuple(counts[kind].items())
+        if kind in options.expected:
+            groups.append(Group(kind, per_scenario, expected=True))
+            continue
+        scenario = per_scenario[0][0]
+        groups.append(
+            _shrunk(pair, kind, per_scenario, strategies[scenario], options, progress)
+        )
+    return DiffReport(
+        base,
+        new,
+        options,
+        tuple(name for name in PROPERTIES if name in pair.compared),
+        tuple(tallies),
+        tuple(groups),
+    )
+
+
+def _survey(
+    pair: _Pair,
+    scenario: str,
+    strategy: SearchStrategy[Case],
+    options: DiffOptions,
+    counts: dict[str, dict[str, int]],
+    progress: Progress | None,
+) -> Tally:
+    ran = differed = expected_only = base_refused = 0
+    cannot: dict[str, int] = {}
+
+    def observe(case: Case) -> bool:
+        nonlocal ran, differed, expected_only, base_refused
+        try:
+            kinds = pair.kinds(case)
+        except _Refused as refused:
+            if refused.side == "base":
+                base_refused += 1
+            else:
+                cannot[refused.reason] = cannot.get(refused.reason, 0) + 1
+            reject()
+        ran += 1
+        if progress is not None:
+            progress("survey", scenario, ran, options.examples)
+        for kind in kinds:
+            counts.setdefault(kind, {}).setdefault(scenario, 0)
+            counts[kind][scenario] += 1
+        if kinds - options.expected:
+            differed += 1
+        elif kinds:
+            expected_only += 1
+        return False
+
+    try:
+        with seeded_draws_only():
+            find(
+                strategy,
+                observe,
+                settings=_settings(options.examples, shrink=False),
+                random=Random(options.seed),
+            )
+    except (NoSuchExample, Unsatisfiable):
+        pass
+    return Tally(
+        scenario,
+        ran,
+        differed,
+        expected_only,
+        base_refused,
+        tuple(sorted(cannot.items(), key=lambda item: (-item[1], item[0]))),
+    )
+
+
+def _shrunk(
+    pair: _Pair,
+    kind: str,
+    counts: tuple[tuple[str, int], ...],
+    strategy: SearchStrategy[Case],
+    options: DiffOptions,
+    progress: Progress | None,
+) -> Group:
+    tried = 0
+
+    def shows(case: Case) -> bool:
+        nonlocal tried
+        tried += 1
+        if progress is not None:
+            progress(f"shrinking {kind}", counts[0][0], tried, options.examples)
+        try:
+            return kind in pair.kinds(case)
+        except _Refused:
+            reject()
+
+    with seeded_draws_only():
+        smallest = find(
+            strategy,
+            shows,
+            settings=_settings(options.examples, shrink=True),
+            random=Random(options.seed),
+        )
+    base, new = pair.run(smallest)
+    kinds = differences(base.observed, new.observed, pair.compared)
+    return Group(kind, counts, False, smallest, base, new, ordered(kinds))
