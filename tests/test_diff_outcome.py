@@ -91,7 +91,11 @@ def test_collectives_outcome_errors_and_missing_syncs() -> None:
     wider = observed(
         collectives=(("dp_cpu", "all_reduce", "SUM", (5, 2), "torch.int32"),)
     )
-    assert differences(observed(), wider, COMPARED) == {"collectives"}
+    assert differences(observed(), wider, COMPARED) == {"collectives.dp_cpu"}
+    forward = observed(collectives=(REDUCE, ("ep", "all_reduce", "SUM", (8,), "int8")))
+    assert differences(observed(), forward, COMPARED) == {"collectives.ep"}
+    elsewhere = observed(collectives=(REDUCE, ("mine", "barrier", None, (), None)))
+    assert differences(observed(), elsewhere, COMPARED) == {"collectives.other"}
     assert differences(observed(), observed(outcome="hang"), COMPARED) == {"outcome"}
     raised = observed(sync(error="AssertionError: no"))
     assert differences(observed(), raised, COMPARED) == {"error"}

@@ -2,8 +2,9 @@
 
 :class:`Observed` is built from a run's trace and its verdicts (it simulates
 nothing): per rank each sync's descriptor, agreement or error, the collectives
-the rank issued per group (kind, op, shape, dtype, in order; values follow
-from the agreement and the descriptor) and where the rank ended; for the run,
+the rank issued (group, kind, op, shape, dtype, in order; values follow
+from the agreement and the descriptor; compared group by group) and where
+the rank ended; for the run,
 the simulator's outcome and the names of the properties it broke.
 :func:`differences` names the kinds of difference between a base and a new
 observation of one case; :data:`KINDS` lists them all (``--expect`` takes
@@ -23,6 +24,7 @@ from dataclasses import dataclass, fields
 
 from dpsim.properties.base import Evidence, Verdict
 from dpsim.records.case import Case
+from dpsim.records.groups import DEFAULT_GROUP_NAMES
 from dpsim.records.sync import Agreement, Descriptor, SyncRecord
 from dpsim.records.trace import SimResult
 
@@ -48,7 +50,8 @@ KINDS: tuple[str, ...] = (
     *(f"agreement.{name}" for name in _AGREEMENT_FIELDS),
     "syncs",
     "error",
-    "collectives",
+    *(f"collectives.{group}" for group in DEFAULT_GROUP_NAMES),
+    "collectives.other",
     "outcome",
     "verdict",
 )
@@ -125,9 +128,28 @@ def differences(
         found.add("verdict")
     for left, right in zip(base.ranks, new.ranks, strict=True):
         if left.collectives != right.collectives:
-            found.add("collectives")
+            found.update(_collective_groups(left, right))
         found.update(_rank_syncs(left, right, across))
     return frozenset(found)
+
+
+def _collective_groups(left: RankObserved, right: RankObserved) -> Iterator[str]:
+    """``collectives.GROUP`` for each group whose collectives differ: the DP
+    groups carry the sync's own reduction, ``ep`` the forward pass's, so a
+    change to one is not taken for a change to the other."""
+    for group in (*DEFAULT_GROUP_NAMES, "other"):
+        if _on(group, left) != _on(group, right):
+            yield f"collectives.{group}"
+
+
+def _on(group: str, rank: RankObserved) -> tuple[CollectiveShape, ...]:
+    """The rank's collectives on ``group`` ("other": on any group not named)."""
+    return tuple(
+        shape
+        for shape in rank.collectives
+        if shape[0] == group
+        or (group == "other" and shape[0] not in DEFAULT_GROUP_NAMES)
+    )
 
 
 def _rank_syncs(left: RankObserved, right: RankObserved, across: bool) -> Iterator[str]:
