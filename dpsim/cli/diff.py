@@ -31,8 +31,9 @@ EPILOG = f"""\
 BASE and NEW are each a release, a vLLM source tree or installed vllm package
 directory, or a .py sync file (then --vllm names the rest of vLLM it runs
 against; --base-vllm / --new-vllm where the two files need different ones).
-Cases are drawn once, seeded, from the base side's generators, for the
-scenarios both sides run, and each runs on both sides. Per rank it compares
+Cases are drawn once, seeded, from the base side's generators (--cases-from
+new: the new side's), for the scenarios both sides run, and each runs on both
+sides. Per rank it compares
 what each sync chose (mode, padding, requests, split and the other descriptor
 fields), what the ranks agreed (agreement.FIELD), the collectives issued (group,
 op, shape, dtype, in order), the simulator's outcome and the properties broken
@@ -53,6 +54,7 @@ lane:  only `sync` (the simulated sync, as check runs it); the runner lane is
 examples:
   dpsim diff ~/src/vllm-main ~/src/vllm-pr       a reviewer: what does the PR change?
   dpsim diff 0.29.0 0.33.0 --scenario step         what an upgrade changes
+  dpsim diff 0.29.0 0.33.0 --cases-from new        ... on the batches 0.33 takes
   dpsim diff --base-runner v1 --new-runner v2 0.33.0 0.33.0
   dpsim diff 0.29.0 ./dp_utils.py --vllm 0.29.0 --expect agreement.num_reqs
   dpsim diff 0.33.0 0.33.0 --json                  a release against itself: no difference
@@ -82,6 +84,13 @@ def register(commands: Any) -> None:
         help="only `sync` exists (the default); any other is refused",
     )
     add_case_arguments(parser)
+    parser.add_argument(
+        "--cases-from",
+        default="base",
+        choices=("base", "new"),
+        help="whose generators draw the cases (default base; new exercises "
+        "what the new side adds, and cases the base cannot run are counted apart)",
+    )
     parser.add_argument(
         "--expect",
         action="append",
@@ -159,6 +168,7 @@ def _diff(arguments: argparse.Namespace, sides: Sides, expected: frozenset[str])
             examples=arguments.examples,
             seed=arguments.seed,
             expected=expected,
+            cases_from=arguments.cases_from,
         )
         progress = None if arguments.json else _Progress()
         try:

@@ -100,17 +100,14 @@ def render(report: DiffReport, written: dict[str, Path]) -> str:
         f"dpsim diff: base {report.base.label}",
         f"       vs  new  {report.new.label}",
         f"  profile {options.profile}, ranks {low}..{high}, {options.examples} "
-        f"examples per scenario, seed {options.seed}; cases drawn from the base "
-        "side's generators",
+        f"examples per scenario, seed {options.seed}; cases drawn from the "
+        f"{options.cases_from} side's generators",
         f"  verdicts compared: {', '.join(report.compared)}",
         "",
     ]
     for tally in report.tallies:
         apart = [f"{tally.expected_only} expected only"] if tally.expected_only else []
-        if tally.base_refused:
-            apart.append(f"{tally.base_refused} refused by the base's vLLM")
-        for reason, count in tally.new_cannot:
-            apart.append(f"{count} the new side cannot run ({reason})")
+        apart.extend(f"{count}: {reason}" for reason, count in tally.apart)
         lines.append(
             f"  {tally.scenario:<8} {tally.ran:>6} cases  {tally.differed:>5} differed"
             + (f"; apart: {'; '.join(apart)}" if apart else "")
@@ -262,6 +259,7 @@ def summary(report: DiffReport, written: dict[str, Path]) -> dict[str, Any]:
         "ranks": list(options.ranks),
         "examples": options.examples,
         "seed": options.seed,
+        "cases_from": options.cases_from,
         "compared": list(report.compared),
         "expected": sorted(options.expected),
         "cases": report.ran,
@@ -271,8 +269,7 @@ def summary(report: DiffReport, written: dict[str, Path]) -> dict[str, Any]:
                 "cases": tally.ran,
                 "differed": tally.differed,
                 "expected_only": tally.expected_only,
-                "base_refused": tally.base_refused,
-                "new_cannot_run": dict(tally.new_cannot),
+                "apart": dict(tally.apart),
             }
             for tally in report.tallies
         },

@@ -1,14 +1,16 @@
 """``dpsim diff``'s engine: the same cases on both sides, then shrink each kind.
 
-Cases come from the BASE side's generators, once per scenario, seeded: the
-base is the code under review's reference (the release before an upgrade,
+Cases are drawn once per scenario, seeded, from ONE side's generators: the
+base's by default. The base is the reference (the release before an upgrade,
 the tree before a pull request), so its caller profile is what "the batches
 vLLM sends" means, and the question is what the new side does with them.
-Only scenarios both sides run are drawn. A case the new side cannot run at
-all (:func:`~dpsim.scenarios.run.why_not_runnable`: a scenario or an input it
-lacks) or whose policy either side's vLLM refuses (``PolicyRefused``) is
-rejected, as ``check`` rejects a refused policy, and counted apart: it is
-no difference.
+``cases_from="new"`` draws from the new side's instead, to exercise what it
+adds (an input, a scenario's feature); cases that use it are then ones the
+base cannot run. Only scenarios both sides run are drawn. A case the other
+side cannot run at all (:func:`~dpsim.scenarios.run.why_not_runnable`: an
+input it lacks) or whose policy either side's vLLM refuses (``PolicyRefused``)
+is rejected, as ``check`` rejects a refused policy, and counted apart with
+the reason: it is no difference.
 
 The survey runs ``--examples`` cases per scenario on both sides and tallies
 each kind of difference (:mod:`dpsim.diff.outcome`). Then, per kind not
@@ -64,6 +66,8 @@ class DiffOptions:
     seed: int = 0
     #: Kinds the user expects: counted apart, not shrunk, not a failure.
     expected: frozenset[str] = field(default_factory=frozenset)
+    #: Whose generators draw the cases: "base" or "new".
+    cases_from: str = "base"
 
 
 @dataclass(frozen=True)
@@ -106,10 +110,9 @@ class Tally:
     differed: int = 0
     #: Cases whose only differences were declared expected.
     expected_only: int = 0
-    #: Cases rejected because the base's vLLM refused the policy.
-    base_refused: int = 0
-    #: Cases the new side could not run, by reason (first reasons, counted).
-    new_cannot: tuple[tuple[str, int], ...] = ()
+    #: Cases drawn that a side could not run, by reason ("the new side
+    #: cannot run it: ..."), most frequent first.
+    apart: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,20 +161,16 @@ def shared_scenarios(
 
 
 class _Refused(Exception):
-    """The case cannot run on one side; ``reason`` says why, for the tally."""
-
-    def __init__(self, side: str, reason: str) -> None:
-        super().__init__(reason)
-        self.side = side
-        self.reason = reason
+    """The case cannot run on one side; the message says why, for the tally."""
 
 
 class _Pair:
     """Runs a case on both sides and remembers which kinds it showed."""
 
-    def __init__(self, base: Target, new: Target) -> None:
+    def __init__(self, base: Target, new: Target, cases_from: str) -> None:
         self.base = base
         self.new = new
+        self.other = "new" if cases_from == "base" else "base"
         self.compared = frozenset(
             prop.name
             for prop in PROPERTIES.values()
@@ -181,18 +180,19 @@ class _Pair:
 
     def run(self, case: Case) -> tuple[SideRun, SideRun]:
         """Both sides' runs of ``case``; :class:`_Refused` if one cannot."""
-        base = self._side(self.base, case, "base")
-        why = why_not_runnable(self.new, case)
+        other = self.new if self.other == "new" else self.base
+        why = why_not_runnable(other, case)
         if why is not None:
-            raise _Refused("new", why)
-        return base, self._side(self.new, case, "new")
+            raise _Refused(f"the {self.other} side cannot run it: {why}")
+        return self._side(self.base, case, "base"), self._side(self.new, case, "new")
 
     @staticmethod
     def _side(target: Target, case: Case, side: str) -> SideRun:
         try:
             result, verdicts = evaluate(target, case, tuple(PROPERTIES.values()))
-        except PolicyRefused as refused:
-            raise _Refused(side, f"policy refused: {refused}") from None
+        except PolicyRefused:
+            # The message names the case's numbers: one reason for the tally.
+            raise _Refused(f"the {side} side's vLLM refuses the policy") from None
         return SideRun(result, tuple(verdicts), Observed.of(case, result, verdicts))
 
     def kinds(self, case: Case) -> frozenset[str]:
@@ -230,10 +230,14 @@ def run_diff(
 ) -> DiffReport:
     chosen = shared_scenarios(base, new, options.scenarios)
     reset_pool()  # as check does: pooled workers stay within one search
-    pair = _Pair(base, new)
+    if options.cases_from not in ("base", "new"):
+        raise UsageError(
+            f"cases come from the base or the new side, not {options.cases_from!r}"
+        )
+    pair = _Pair(base, new, options.cases_from)
     strategies = {
         name: cases(
-            base,
+            base if options.cases_from == "base" else new,
             scenario=name,
             profile=options.profile,
             ranks=options.ranks,
@@ -273,18 +277,15 @@ def _survey(
     counts: dict[str, dict[str, int]],
     progress: Progress | None,
 ) -> Tally:
-    ran = differed = expected_only = base_refused = 0
-    cannot: dict[str, int] = {}
+    ran = differed = expected_only = 0
+    apart: dict[str, int] = {}
 
     def observe(case: Case) -> bool:
-        nonlocal ran, differed, expected_only, base_refused
+        nonlocal ran, differed, expected_only
         try:
             kinds = pair.kinds(case)
         except _Refused as refused:
-            if refused.side == "base":
-                base_refused += 1
-            else:
-                cannot[refused.reason] = cannot.get(refused.reason, 0) + 1
+            apart[str(refused)] = apart.get(str(refused), 0) + 1
             reject()
         ran += 1
         if progress is not None:
@@ -313,8 +314,7 @@ def _survey(
         ran,
         differed,
         expected_only,
-        base_refused,
-        tuple(sorted(cannot.items(), key=lambda item: (-item[1], item[0]))),
+        tuple(sorted(apart.items(), key=lambda item: (-item[1], item[0]))),
     )
 
 
