@@ -134,3 +134,24 @@ def test_v1_against_v2_compares_only_what_both_report() -> None:
     # V1 reduces on the DP device group, V2 on the CPU group: every case with
     # a sync says so.
     assert {"collectives.dp_cpu", "collectives.dp_device"} <= kinds
+
+
+def test_cases_from_the_new_side_count_what_the_base_cannot_run_apart() -> None:
+    old, new = load_target("0.29.0"), load_target(RELEASE)
+    options = DiffOptions(scenarios=("step",), examples=20, cases_from="new")
+    report = run_diff(old, new, options)
+    (tally,) = report.tallies
+    assert tally.ran == 20
+    reasons = dict(tally.apart)
+    # 0.30 added microbatching votes to V2's sync: 0.29 cannot take them.
+    assert any(
+        reason.startswith(
+            "the base side cannot run it: the case passes allow_ubatching"
+        )
+        for reason in reasons
+    )
+    # The rows 0.30-0.33 added to the sync's tensor show on every case (an
+    # agreement only where some rank has work).
+    kinds = {group.kind: group.count for group in report.groups}
+    assert kinds["collectives.dp_cpu"] == 20
+    assert "agreement.num_reqs" in kinds
