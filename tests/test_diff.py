@@ -6,6 +6,7 @@ on either side."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,3 +156,24 @@ def test_cases_from_the_new_side_count_what_the_base_cannot_run_apart() -> None:
     kinds = {group.kind: group.count for group in report.groups}
     assert kinds["collectives.dp_cpu"] == 20
     assert "agreement.num_reqs" in kinds
+
+
+def test_a_reviewers_two_trees(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    release_file: Callable[[str, str], Path],
+) -> None:
+    package = release_file(RELEASE, DP_UTILS).parents[3]
+    trees = {}
+    for name in ("vllm-main", "vllm-pr"):
+        trees[name] = tmp_path / name
+        shutil.copytree(package, trees[name] / "vllm")
+    changed = trees["vllm-pr"] / "vllm" / DP_UTILS
+    before, after = PLANTED
+    changed.write_text(changed.read_text().replace(before, after))
+    arguments = ["diff", str(trees["vllm-main"]), str(trees["vllm-pr"]), *SMALL]
+    assert main([*arguments, "--out", str(tmp_path / "out")]) == 1
+    text = capsys.readouterr().out
+    assert f"base vllm {RELEASE} [{trees['vllm-main'] / 'vllm'}]" in text
+    assert f"new  vllm {RELEASE} [{trees['vllm-pr'] / 'vllm'}]" in text
+    assert "== agreement.num_reqs:" in text

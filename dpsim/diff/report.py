@@ -28,7 +28,7 @@ from dpsim.report import (
     table,
 )
 from dpsim.targets.load import Target
-from dpsim.targets.spec import TargetSpec
+from dpsim.targets.spec import TargetSpec, TreeSpec
 from dpsim.terminal import printable
 
 from .outcome import CollectiveShape, RankObserved
@@ -97,8 +97,8 @@ def render(report: DiffReport, written: dict[str, Path]) -> str:
     options = report.options
     low, high = options.ranks
     lines = [
-        f"dpsim diff: base {report.base.label}",
-        f"       vs  new  {report.new.label}",
+        f"dpsim diff: base {_named(report.base)}",
+        f"       vs  new  {_named(report.new)}",
         f"  profile {options.profile}, ranks {low}..{high}, {options.examples} "
         f"examples per scenario, seed {options.seed}; cases drawn from the "
         f"{options.cases_from} side's generators",
@@ -133,6 +133,17 @@ def render(report: DiffReport, written: dict[str, Path]) -> str:
         + (f"; {expected} expected kind(s) counted apart" if expected else "")
     )
     return "\n".join(lines)
+
+
+def _named(target: Target) -> str:
+    """The target's label, and where it came from when the label does not say
+    (two trees of one version read alike)."""
+    spec = target.spec
+    paths = [spec.dp_utils_file, spec.caller_file]
+    if isinstance(spec.base, TreeSpec):
+        paths.append(spec.base.package_dir)
+    unsaid = [str(path) for path in paths if path and str(path) not in target.label]
+    return printable(" ".join([target.label, *(f"[{path}]" for path in unsaid)]))
 
 
 def _group_lines(report: DiffReport, group: Group, path: Path | None) -> list[str]:
