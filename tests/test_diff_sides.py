@@ -41,6 +41,7 @@ def test_a_file_side_runs_against_vllm_and_takes_the_runner_its_sync_fits(
         ("FILE", "0.33.0", {}, "base side: FILE is a file: name the vLLM"),
         ("0.33.0", "0.33.0", {"new_vllm": "0.32.0"}, "new side: --new-vllm 0.32.0"),
         ("0.33.0", "nonsense", {}, "new side: 'nonsense' is neither a vLLM release"),
+        ("0.33.0", "gone.py", {"vllm": "0.33.0"}, "new side: gone.py: no such file"),
         ("0.17.0", "0.33.0", {"runner": "v2"}, "base side: vllm 0.17.0 is older"),
     ],
 )

@@ -34,6 +34,8 @@ def parse_side(
     """One side's spec; ``name`` ("base"/"new") prefixes any refusal."""
     try:
         if Path(given).expanduser().is_file() or given.endswith(".py"):
+            if not Path(given).expanduser().is_file():
+                raise TargetError(f"{given}: no such file")
             if vllm is None:
                 raise TargetError(
                     f"{given} is a file: name the vLLM it runs against with "
