@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from textwrap import fill
 from typing import Any
 
 from dpsim import allowances
@@ -33,26 +34,28 @@ directory, or a .py sync file (then --vllm names the rest of vLLM it runs
 against; --base-vllm / --new-vllm where the two files need different ones).
 Cases are drawn once, seeded, from the base side's generators (--cases-from
 new: the new side's), for the scenarios both sides run, and each runs on both
-sides. Per rank it compares
-what each sync chose (mode, padding, requests, split and the other descriptor
-fields), what the ranks agreed (agreement.FIELD), the collectives issued (group,
-op, shape, dtype, in order), the simulator's outcome and the properties broken
-(those both runners run). Across runners a field either side leaves unset is
-not compared. A case that a side cannot run (a scenario, an input or a policy
-it refuses) is counted apart, never as a difference.
+sides. Per rank it compares what each sync chose (mode, padding, requests,
+split and the other descriptor fields), what the ranks agreed
+(agreement.FIELD), the collectives issued per group (op, shape, dtype, in
+order), the simulator's outcome and the properties broken (those both
+runners run). Across runners a field either side leaves unset is not
+compared. A case that a side cannot run (an input or a policy it refuses) is
+counted apart, never as a difference.
 
 Each kind of difference is shrunk to its smallest case, shown side by side per
 rank and written under --out as a counterexample file: `dpsim replay FILE`
 reruns it on the base side, and with the printed --vllm/--runner options on
 the new one.
 
-kinds: {", ".join(KINDS)}
-       (--expect KIND counts a kind apart: it is neither shrunk nor a failure)
+kinds: {fill(", ".join(KINDS), 72, subsequent_indent="       ")}
+       (syncs: a sync one side makes and the other not; error: a sync raised
+       on one side, or with another message; agreement: agreed nothing on one
+       side. --expect KIND counts a kind apart: neither shrunk nor a failure)
 lane:  only `sync` (the simulated sync, as check runs it); the runner lane is
        not built yet, and any other --lane is refused
 
 examples:
-  dpsim diff ~/src/vllm-main ~/src/vllm-pr       a reviewer: what does the PR change?
+  dpsim diff ~/src/vllm-main ~/src/vllm-pr         a reviewer: what does the PR change?
   dpsim diff 0.29.0 0.33.0 --scenario step         what an upgrade changes
   dpsim diff 0.29.0 0.33.0 --cases-from new        ... on the batches 0.33 takes
   dpsim diff --base-runner v1 --new-runner v2 0.33.0 0.33.0
