@@ -161,6 +161,10 @@ def _group_lines(report: DiffReport, group: Group, path: Path | None) -> list[st
     for phase in _phases(base, new):
         lines.append(f"  {printable(phase)}:")
         rows = []
+        made = [
+            any(rank.sync(phase) is not None for rank in side.observed.ranks)
+            for side in (base, new)
+        ]
         for rank in range(case.dp_size):
             left = base.observed.ranks[rank].sync(phase)
             right = new.observed.ranks[rank].sync(phase)
@@ -169,7 +173,7 @@ def _group_lines(report: DiffReport, group: Group, path: Path | None) -> list[st
                 (
                     str(rank),
                     _inputs_cell(shown.inputs) if shown else "",
-                    *_compared(_chose(left), _chose(right)),
+                    *_compared(_chose(left, made[0]), _chose(right, made[1])),
                     *_compared(_agreed(left), _agreed(right)),
                 )
             )
@@ -206,9 +210,11 @@ def _phases(base: SideRun, new: SideRun) -> list[str]:
     return list(names)
 
 
-def _chose(record: SyncRecord | None) -> str:
+def _chose(record: SyncRecord | None, side_made_it: bool) -> str:
+    """What one rank chose; a sync the whole side never makes (a solo sync
+    where callers cannot skip coordination) is not one a rank missed."""
     if record is None:
-        return "(never got here)"
+        return "(never got here)" if side_made_it else "(no such sync)"
     if record.descriptor is None:
         return f"raised {record.error}"
     return _descriptor_cell(record.descriptor)
