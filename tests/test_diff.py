@@ -177,3 +177,16 @@ def test_a_reviewers_two_trees(
     assert f"base vllm {RELEASE} [{trees['vllm-main'] / 'vllm'}]" in text
     assert f"new  vllm {RELEASE} [{trees['vllm-pr'] / 'vllm'}]" in text
     assert "== agreement.num_reqs:" in text
+
+
+def test_a_sync_only_the_new_side_makes_is_shown_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = ["diff", "0.29.0", RELEASE, "--scenario", "step", "--examples", "10"]
+    assert main([*arguments, "--out", str(tmp_path)]) == 1
+    text = capsys.readouterr().out
+    # 0.30 let callers skip DP coordination: dpsim's step then syncs a shared
+    # batch a second time, alone, which 0.29 cannot.
+    assert "== syncs:" in text
+    assert "(no such sync)" in text
+    assert "(never got here)" not in text
