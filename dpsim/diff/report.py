@@ -217,7 +217,9 @@ def _chose(record: SyncRecord | None, side_made_it: bool) -> str:
         return "(never got here)" if side_made_it else "(no such sync)"
     if record.descriptor is None:
         return f"raised {record.error}"
-    return _descriptor_cell(record.descriptor)
+    loras = record.descriptor.num_active_loras
+    # check's table leaves LoRA out; here it is one of the kinds compared.
+    return _descriptor_cell(record.descriptor) + (f" lora={loras}" if loras else "")
 
 
 def _agreed(record: SyncRecord | None) -> str:
