@@ -176,7 +176,8 @@ class _Pair:
             for prop in PROPERTIES.values()
             if prop.applies_to(base.runner) and prop.applies_to(new.runner)
         )
-        self.seen: dict[Case, frozenset[str] | _Refused] = {}
+        #: Per case run, its kinds, or why a side could not run it.
+        self.seen: dict[Case, frozenset[str] | str] = {}
 
     def run(self, case: Case) -> tuple[SideRun, SideRun]:
         """Both sides' runs of ``case``; :class:`_Refused` if one cannot."""
@@ -204,10 +205,12 @@ class _Pair:
                 base, new = self.run(case)
                 known = differences(base.observed, new.observed, self.compared)
             except _Refused as refused:
-                known = refused
+                known = str(refused)
             self.seen[case] = known
-        if isinstance(known, _Refused):
-            raise known
+        if isinstance(known, str):
+            # A fresh exception each time: one raised again keeps growing
+            # its traceback.
+            raise _Refused(known)
         return known
 
 
