@@ -44,3 +44,14 @@ def test_corpus_entries_keep_to_their_runner() -> None:
     v1 = bench.corpus_entries("v1")
     assert v1 and all(target.runner == "v1" for _, target, _ in v1)
     assert all(name.startswith("v1-") for name, _, _ in v1)
+
+
+def test_a_release_without_v2s_sync_measures_v1_alone(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    common = ["bench", "--vllm", "0.17.0", "--ranks", "2", "--rounds", "2", "--json"]
+    assert main([*common, "--measure", "sim"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["runner"] for row in rows] == ["v1"]
+    assert main([*common, "--measure", "sim", "--runner", "v2"]) == 2
+    assert "older than dpsim supports with the V2 runner" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
 from dpsim.options import add_runner_argument
 from dpsim.targets import load_target
+from dpsim.targets.spec import parse_target
 
 HELP = "measure simulator overhead, check throughput and time to counterexample"
 EPILOG = """\
@@ -22,7 +23,8 @@ measures:
 
 sim and check run each model runner of --vllm (V2's dispatch_cg_and_sync_dp,
 V1's coordinate_batch_across_dp under its real caller), one row each, unless
---runner names one; corpus runs every faulty target, each on its own runner.
+--runner names one; corpus runs every faulty target (of --runner's sync, if
+given), each on its own runner.
 
 examples:
   dpsim bench                         all measures, default sizes
@@ -31,7 +33,8 @@ examples:
   dpsim bench --measure sim --runner v1 --vllm 0.33.0
 """
 MEASURES = ("sim", "check", "corpus")
-#: The runners measured side by side when --runner names none, V2 first.
+#: The runners measured side by side when --runner names none and the
+#: release has both, V2 first.
 RUNNERS_BESIDE = ("v2", "v1")
 
 
@@ -67,7 +70,11 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError("--ranks must be at least 1")
     if arguments.ranks and max(arguments.ranks) > MAX_RANKS:
         raise UsageError(f"--ranks {max(arguments.ranks)}: at most {MAX_RANKS:,} ranks")
-    runners = (arguments.runner,) if arguments.runner else RUNNERS_BESIDE
+    runners: tuple[str, ...] = (arguments.runner,)
+    if not arguments.runner:
+        # V2's releases (0.18+) all have V1's sync too; older ones only V1's.
+        default = parse_target(arguments.vllm).runner
+        runners = RUNNERS_BESIDE if default == "v2" else (default,)
     # Every runner refused before any is measured: a bad one costs nothing.
     targets = [load_target(arguments.vllm, runner=runner) for runner in runners]
     results: list[dict[str, Any]] = []
