@@ -383,9 +383,10 @@ def run_validate(arguments: argparse.Namespace) -> int:
         raise UsageError("--suggest: the budget must be at least 1 graph")
     check_output_directory(Path(arguments.out), "--out")
     policies = _named_policies(arguments.policies)
-    spec = target_spec(arguments)
-    # Before the target loads: a workload refused is refused at once.
+    # Before the target is even named: a workload refused is refused at once,
+    # whatever --vllm says.
     workloads = _workloads(arguments, policies)
+    spec = target_spec(arguments)
     # The target's code runs here as in check: isolated, so that one which
     # ends the process is an error, never an exit 0 with nothing printed.
     return run_isolated(
