@@ -323,3 +323,19 @@ def test_targets_without_a_spec_show_the_cached_releases_the_runner_runs(
     assert _cached_for(None) == ["0.11.0", "0.12.0", "0.33.0"]
     assert _cached_for("v1") == ["0.12.0", "0.33.0"]
     assert _cached_for("v2") == ["0.33.0"]
+
+
+@pytest.mark.release
+def test_a_v1_check_says_which_properties_it_left_out_and_a_v2_check_does_not(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    common = ["check", "--vllm", "0.33.0", "--examples", "3", "--out", str(tmp_path)]
+    assert main([*common, "--runner", "v1"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.startswith("  not judged on the V1 runner: agreed-values (")
+    assert "reuse (" in header and "idle (" in header
+    assert main([*common, "--runner", "v1", "--json"]) == 0
+    left_out = json.loads(capsys.readouterr().out)["properties_not_run"]
+    assert sorted(left_out) == ["agreed-values", "idle", "reuse"]
+    assert main([*common, "--runner", "v2", "--json"]) == 0
+    assert "properties_not_run" not in json.loads(capsys.readouterr().out)

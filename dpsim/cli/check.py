@@ -35,7 +35,7 @@ from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS
 from dpsim.options import add_runner_argument, parse_ranks
-from dpsim.properties import PROPERTY_NAMES
+from dpsim.properties import PROPERTY_NAMES, not_run
 from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
 from dpsim.report import render_case_run
@@ -241,7 +241,7 @@ def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
         }
     for name in report.not_run:
         scenarios[name] = {"verdict": "not-run", "examples": 0}
-    return {
+    data = {
         "verdict": _verdict(report),
         "interrupted": report.interrupted,
         "target": report.target.label,
@@ -258,6 +258,19 @@ def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
         "failures": len(report.failures),
         "scenarios": scenarios,
     }
+    skipped = _properties_not_run(report)
+    if skipped:
+        # Only where something was left out, so a V2 report keeps its bytes.
+        data["properties_not_run"] = skipped
+    return data
+
+
+def _properties_not_run(report: CheckReport) -> dict[str, str]:
+    """The properties this check left out because they do not apply to its
+    target's runner (a named one is refused instead), with the reasons."""
+    if report.options.properties:
+        return {}
+    return not_run(report.target.runner)
 
 
 def _scenario_line(run: ScenarioRun) -> str:
@@ -280,6 +293,13 @@ def render_report(report: CheckReport, written: dict[str, Path]) -> str:
         f"dpsim check: {report.target.label}, profile {options.profile}, "
         f"ranks {low}..{high}, {options.examples} examples per scenario, seed {options.seed}"
     ]
+    skipped = _properties_not_run(report)
+    if skipped:
+        # A pass on this runner means less than on the other: say what it omits.
+        lines.append(
+            f"  not judged on the {report.target.runner.upper()} runner: "
+            + "; ".join(f"{name} ({why})" for name, why in skipped.items())
+        )
     lines.extend(_scenario_line(run) for run in report.runs)
     lines.extend(f"  {name:<8} not run (interrupted)" for name in report.not_run)
     for failed in report.failures:
