@@ -17,7 +17,7 @@ import pytest
 import dpsim.corpus as corpus
 from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, run_check
 from dpsim.corpus import CORPUS, CorpusError, FaultyTarget
-from dpsim.properties import PROPERTY_NAMES
+from dpsim.properties import PROPERTIES, PROPERTY_NAMES
 from dpsim.scenarios.programs import SCENARIOS
 from dpsim.targets import load_target
 
@@ -102,6 +102,15 @@ def test_references_load_and_are_written_from_scratch(name: str) -> None:
     assert VENDORED_MARK not in path.read_text()
     target = load_target(corpus.REFERENCES[name][1], path)
     assert target.api.has("reuse")
+
+
+def test_v1_entries_expect_only_properties_run_on_v1() -> None:
+    v1 = [entry for entry in CORPUS if entry.runner == "v1"]
+    assert v1 and all(entry.scenario in ("step", "profile", "ubatch") for entry in v1)
+    for entry in v1:
+        assert all(PROPERTIES[name].applies_to("v1") for name in entry.caught_by), (
+            entry.name
+        )
 
 
 def test_the_v1_twin_loads_as_the_v1_runner_and_is_written_from_scratch() -> None:

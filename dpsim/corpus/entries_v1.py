@@ -64,7 +64,7 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
             "collectives, the hang and `num_tokens == num_tokens_padded` "
             "assertion of #30173 / #30323, which added the mode row."
         ),
-        caught_by=("eager-contagion", "no-hang"),
+        caught_by=("eager-contagion", "no-hang", "agreement"),
         scenario="step",
     ),
     FaultyTarget(
@@ -88,7 +88,7 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
             "asserts; a rank forced eager stays eager while the others replay "
             "graphs (the eager/graph split of #30173)."
         ),
-        caught_by=("no-error",),
+        caught_by=("no-error", "graph-choice"),
         scenario="step",
     ),
     FaultyTarget(
@@ -155,7 +155,7 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
             "shapes: the unequal-count CUDA-graph deadlock #18724 introduced DP "
             "padding for."
         ),
-        caught_by=("no-hang", "padded-counts"),
+        caught_by=("no-hang", "agreement"),
         scenario="step",
     ),
     FaultyTarget(
@@ -242,7 +242,7 @@ V1_ENTRIES: tuple[FaultyTarget, ...] = (
             "(counts [4, 8] at a 16-token two-way split), the ranks split anyway "
             "and that rank's last microbatch holds nothing but padding (#57020)."
         ),
-        caught_by=("ubatch-split",),
+        caught_by=("ubatch-split", "ubatch-decision", "solo"),
         scenario="ubatch",
         policy=_V1_TWO_WAY_SPLIT,
     ),
