@@ -1259,3 +1259,26 @@ def test_contract_space_still_draws_unbuildable_tables() -> None:
     )
     assert low.microbatching is not None
     assert low.microbatching.decode_token_threshold == 0
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_encoder_decoder_is_written_only_when_set_and_read_back(
+    tmp_path: Path, suffix: str
+) -> None:
+    # Off (the default): no key, so every file from before it reads and
+    # writes as it did; on: the last key, and it survives a file.
+    plain = CapturePolicy(capture_sizes=(1, 2))
+    assert "encoder_decoder" not in plain.to_dict()
+    assert "encoder_decoder" not in to_json(plain) + to_toml(plain)
+    model = replace(plain, encoder_decoder=True)
+    assert list(model.to_dict())[-1] == "encoder_decoder"
+    path = tmp_path / f"policy{suffix}"
+    path.write_text(to_json(model) if suffix == ".json" else to_toml(model))
+    assert load_policy(path) == model
+    assert CapturePolicy.from_dict(plain.to_dict()) == plain
+    assert model.manager_config().encoder_decoder is True
+
+
+def test_encoder_decoder_must_be_true_or_false() -> None:
+    with pytest.raises(PolicyError, match=r"^encoder_decoder: "):
+        CapturePolicy.from_dict({"capture_sizes": [1], "encoder_decoder": 1})

@@ -35,6 +35,10 @@ default shown. TOML has no null: leave a key out to get its default.
     # sizes it must equal the largest (vLLM refuses anything else); beside
     # "default" it is where the grid stops.
     max_capture_size = 64
+    # An encoder-decoder model (model_config.is_encoder_decoder): the V1
+    # runner then replays no FULL graph on a step with encoder inputs.
+    # Written only when true.
+    encoder_decoder = false
 
     # Microbatching / DBO (vLLM 0.30+). Absent / null: off.
     [microbatching]
@@ -53,7 +57,9 @@ default shown. TOML has no null: leave a key out to get its default.
 The JSON form is the same object: ``{"capture_sizes": [1, 2, 4], ...,
 "microbatching": {"num_ubatches": 2, ...}, "drafter": {...}}``.
 :func:`to_json` writes every key, in the order above, with ``null`` for
-absent optionals, so a saved policy diffs cleanly.
+absent optionals, so a saved policy diffs cleanly; ``encoder_decoder`` only
+when true (after ``drafter``), so files from before it read and write as
+they did.
 
 The TOML writer is hand-written rather than ``tomli-w``: a policy holds only
 integers, booleans, strings, flat lists and two tables, and ``tomli-w``

@@ -55,6 +55,7 @@ _BATCH_FIELDS = (
     fields.Field("allow_ubatching", _true_or_false),
     fields.Field("uniform_decode", _true_or_false),
     fields.Field("allow_skip_drafts", _true_or_false),
+    fields.Field("num_encoder_reqs", fields.integer(0, MAX_INT)),
 )
 _REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
 _BATCH_KEYS = frozenset((*(spec.name for spec in _BATCH_FIELDS), "kind"))

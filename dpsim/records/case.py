@@ -51,6 +51,9 @@ class SyncInputs:
     allow_ubatching: bool = False
     uniform_decode: bool = False
     allow_skip_drafts: bool = False
+    #: Requests with encoder inputs scheduled this step (the V1 caller's
+    #: ``num_encoder_reqs``); no V2 sync takes it.
+    num_encoder_reqs: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,23 @@ class RankBatch(SyncInputs):
     kind: str = "batch"
 
     def to_dict(self) -> dict[str, Any]:
-        return {field.name: getattr(self, field.name) for field in _BATCH_FIELDS}
+        """Every field, except ``num_encoder_reqs`` when 0: files from before
+        it (and every V2 case) stay as they were."""
+        return {
+            field.name: getattr(self, field.name)
+            for field in _BATCH_FIELDS
+            if field.name not in _OMITTED_AT_DEFAULT
+            or getattr(self, field.name) != field.default
+        }
+
+    @staticmethod
+    def completed(data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` (a :meth:`to_dict` mapping) with the fields it leaves out
+        at their default put back."""
+        missing = _OMITTED_AT_DEFAULT - data.keys()
+        if not missing:
+            return data
+        return {**data, **{name: _DEFAULTS[name] for name in missing}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankBatch:
@@ -78,6 +97,9 @@ class RankBatch(SyncInputs):
 
 _BATCH_FIELDS = fields(RankBatch)
 _BATCH_FIELD_NAMES = frozenset(field.name for field in _BATCH_FIELDS)
+#: Fields a batch's mapping carries only when set away from their default.
+_OMITTED_AT_DEFAULT = frozenset({"num_encoder_reqs"})
+_DEFAULTS = {field.name: field.default for field in _BATCH_FIELDS}
 
 
 @dataclass(frozen=True)

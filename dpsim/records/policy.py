@@ -106,6 +106,8 @@ class ManagerConfig:
     microbatching: Microbatching | None = None
     data_parallel_size: int = 2
     tensor_parallel_size: int = 1
+    #: Whether the model is an encoder-decoder one (``model_config.is_encoder_decoder``).
+    encoder_decoder: bool = False
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -202,6 +204,10 @@ class CapturePolicy:
     max_capture_size: int | None = None
     microbatching: Microbatching | None = None
     drafter: CapturePolicy | None = None
+    #: Whether the deployment serves an encoder-decoder model: the V1 runner
+    #: then replays no FULL graph on a step with encoder inputs. Not part of
+    #: the capture table itself, so files and outputs carry it only when set.
+    encoder_decoder: bool = False
 
     def __post_init__(self) -> None:
         for rule in _RULES:
@@ -267,6 +273,7 @@ class CapturePolicy:
             microbatching=self.microbatching,
             data_parallel_size=dp_size,
             tensor_parallel_size=tp_size,
+            encoder_decoder=self.encoder_decoder,
         )
 
     def drafter_manager_config(
@@ -280,8 +287,9 @@ class CapturePolicy:
     # -- the mapping form, as files carry it ------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Every key, in file-format order, with None for absent optionals."""
-        return {
+        """Every key, in file-format order, with None for absent optionals;
+        ``encoder_decoder`` only when set (every file before it stays as it was)."""
+        data: dict[str, Any] = {
             "capture_sizes": list(self.capture_sizes),
             "cudagraph_mode": self.cudagraph_mode.value,
             "max_num_seqs": self.max_num_seqs,
@@ -306,6 +314,9 @@ class CapturePolicy:
             ),
             "drafter": self.drafter.to_dict() if self.drafter is not None else None,
         }
+        if self.encoder_decoder:
+            data["encoder_decoder"] = True
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, _where: str = "") -> CapturePolicy:
@@ -476,6 +487,7 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _sizes_for_mode,
     _field(Field("varlen_decode", boolean)),
+    _field(Field("encoder_decoder", boolean)),
     _field(
         Field(
             "lora_capture_cases",
@@ -496,5 +508,11 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 _KEYS = tuple(f.name for f in fields(CapturePolicy))
-_SCALAR_KEYS = ("cudagraph_mode", "max_num_seqs", "decode_query_len", "varlen_decode")
+_SCALAR_KEYS = (
+    "cudagraph_mode",
+    "max_num_seqs",
+    "decode_query_len",
+    "varlen_decode",
+    "encoder_decoder",
+)
 _MB_KEYS = tuple(f.name for f in fields(Microbatching))

@@ -180,7 +180,7 @@ class SyncRecord:
             record = object.__new__(cls)
             fields = record.__dict__
             fields.update(data)
-            fields["inputs"] = _filled(RankBatch, data["inputs"])
+            fields["inputs"] = _filled(RankBatch, RankBatch.completed(data["inputs"]))
             if raised:
                 if not isinstance(data["error"], str):
                     raise ValueError("error is not text")

@@ -40,6 +40,9 @@ _OPTIONAL_INPUTS = {
     "allow_ubatching": "allow_ubatching",
     "uniform_decode": "uniform_decode",
     "allow_skip_drafts": "allow_skip_drafts",
+    # The V1 caller's; no V2 sync has the parameter, so a case carrying
+    # encoder requests is refused on V2 rather than run without them.
+    "num_encoder_reqs": "num_encoder_reqs",
 }
 
 
