@@ -44,6 +44,8 @@ def describe_policy(policy: CapturePolicy) -> str:
         parts.append(f"lora cases {list(policy.lora_capture_cases)}")
     if policy.varlen_decode:
         parts.append("varlen decode")
+    if policy.encoder_decoder:
+        parts.append("encoder-decoder model")
     if policy.max_capture_size is not None:
         parts.append(f"max capture {policy.max_capture_size}")
     if policy.microbatching is not None:
@@ -77,6 +79,8 @@ def _inputs_cell(inputs: RankBatch) -> str:
     ]
     if inputs.num_active_loras:
         flags.append(f"lora={inputs.num_active_loras}")
+    if inputs.num_encoder_reqs:
+        flags.append(f"enc={inputs.num_encoder_reqs}")
     return " ".join([text, *flags])
 
 

@@ -173,6 +173,27 @@ def test_caller_batches_are_what_execute_model_and_dummy_runs_pass(
 
 
 @settings(max_examples=60, deadline=None)
+@given(data=st.data(), takes=st.booleans(), encoder_decoder=st.booleans())
+def test_caller_batches_have_encoder_inputs_on_prefills_only(
+    data: st.DataObject, takes: bool, encoder_decoder: bool
+) -> None:
+    model = V1CallerModel(
+        dummy_of_decode_length=True, lora_counts=True, encoder_inputs=takes
+    )
+    policy = replace(POLICY, encoder_decoder=encoder_decoder)
+    for batch in caller_batches(model, policy, "step")(data.draw, 4):
+        if not takes or batch.kind in ("decode", "varlen", "dummy"):
+            assert batch.num_encoder_reqs == 0
+        elif encoder_decoder and batch.kind == "prefill":
+            # No chunked prefill: every prefill brings its encoder input.
+            assert batch.num_encoder_reqs == batch.num_reqs
+        elif encoder_decoder:
+            assert 1 <= batch.num_encoder_reqs <= batch.num_reqs
+        else:
+            assert 0 <= batch.num_encoder_reqs <= batch.num_reqs
+
+
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_contract_batches_force_the_uniform_flag_only_where_it_describes_them(
     data: st.DataObject,
@@ -472,3 +493,73 @@ def test_where_the_dispatcher_asserts_each_rank_raises_in_its_own_call() -> None
     records = [sync_records(rank.events) for rank in result.ranks]
     assert [[record.raised for record in syncs] for syncs in records] == [[True]] * 2
     assert all("AssertionError" in (syncs[0].error or "") for syncs in records)
+
+
+# -- encoder inputs ------------------------------------------------------------
+
+
+class EncoderDecoderDispatcher(TinyDispatcher):
+    """The tiny dispatcher, holding its model's config as vLLM's does."""
+
+    def __init__(self, encoder_decoder: bool) -> None:
+        model = type("ModelConfig", (), {"is_encoder_decoder": encoder_decoder})
+        self.vllm_config = type("VllmConfig", (), {"model_config": model})
+
+
+def test_the_oracle_leaves_full_out_of_an_encoder_decoder_ranks_encoder_step() -> None:
+    full, piecewise = CudagraphMode.FULL, CudagraphMode.PIECEWISE
+    step = [decode(3, num_encoder_reqs=1), decode(1)]
+
+    def modes(encoder_decoder: bool) -> list[Any]:
+        chosen = v1_choices(EncoderDecoderDispatcher(encoder_decoder), step, None, 1)
+        assert chosen is not None
+        return [(c.cg_mode, c.num_tokens) for c in chosen]
+
+    # Rank 0's own lookup is PIECEWISE, the least mode every rank agrees on.
+    assert modes(True) == [(piecewise, 4), (piecewise, 4)]
+    # A decoder-only model's encoder inputs (multimodal) change nothing.
+    assert modes(False) == [(full, 4), (full, 4)]
+
+
+FULL_ONLY = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8, 16), cudagraph_mode="FULL", max_num_seqs=16
+)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("encoder_decoder", [True, False])
+def test_an_encoder_prefill_of_an_encoder_decoder_model_replays_no_full_graph(
+    encoder_decoder: bool,
+) -> None:
+    # FULL mode captures FULL graphs for every batch: an encoder-decoder
+    # model's prefill with encoder inputs (0.33.0's has_encoder_output) may
+    # not replay one, so its rank runs eager and, the least mode, every rank.
+    policy = replace(FULL_ONLY, encoder_decoder=encoder_decoder)
+    encoder_prefill = prefill(5, num_encoder_reqs=1, **ALLOW)
+    case = step_of(encoder_prefill, prefill(3, **ALLOW), policy=policy)
+    target = load_target("0.33.0", runner="v1")
+    result = run_case(target, case)
+    modes = [
+        sync_records(rank.events)[0].descriptor.cg_mode  # type: ignore[union-attr]
+        for rank in result.ranks
+    ]
+    want = CudagraphMode.NONE if encoder_decoder else CudagraphMode.FULL
+    assert modes == [want, want]
+    assert [v.property for v in judge(case, result)] == []  # the oracle agrees
+
+
+@pytest.mark.release
+def test_encoder_requests_are_refused_where_the_sync_cannot_take_them() -> None:
+    encoder_prefill = prefill(5, num_encoder_reqs=1)
+    assert (
+        load_target("0.33.0", runner="v2").api.unsupported_input(encoder_prefill)
+        == "num_encoder_reqs"
+    )
+    assert (
+        load_target("0.12.0", runner="v1").api.unsupported_input(encoder_prefill)
+        == "num_encoder_reqs"
+    )
+    assert (
+        load_target("0.13.0", runner="v1").api.unsupported_input(encoder_prefill)
+        is None
+    )

@@ -1,7 +1,8 @@
 """What a correct V1 coordination chooses for a step: the V1 runner's oracle.
 
 The V1 runner decides around its sync (``_determine_batch_execution_and_padding``):
-each rank asks its ``CudagraphDispatcher`` for its own batch, the ranks agree
+each rank asks its ``CudagraphDispatcher`` for its own batch (any mode but
+FULL on a step with encoder inputs of an encoder-decoder model), the ranks agree
 on the least of those modes (one eager rank makes every rank eager), on
 microbatching (every rank votes for it and every rank's tokens reach into the
 last microbatch of the largest padded batch) and, when the agreed mode replays
@@ -27,6 +28,7 @@ from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.records.sync import Choice
 from dpsim.targets.v1.api import DUMMY_KINDS, request_counts
+from dpsim.targets.v1.dispatcher import model_is_encoder_decoder
 
 #: The order ``coordinate_batch_across_dp`` takes the least of (0, 1, 2).
 _LEVEL = {CudagraphMode.NONE: 0, CudagraphMode.PIECEWISE: 1, CudagraphMode.FULL: 2}
@@ -120,7 +122,12 @@ def _vote(
     if batch.need_eager:
         mode, padded = CudagraphMode.NONE, batch.num_tokens
     else:
-        mode, padded = _lookup(dispatcher, batch.num_tokens, uniform, batch, None)
+        # An encoder-decoder model's step with encoder outputs replays no FULL
+        # graph on that rank (the caller's has_encoder_output).
+        encoder = batch.num_encoder_reqs > 0 and model_is_encoder_decoder(dispatcher)
+        mode, padded = _lookup(
+            dispatcher, batch.num_tokens, uniform, batch, None, disable_full=encoder
+        )
     threshold = (
         None
         if settings is None
@@ -171,10 +178,13 @@ def _lookup(
     uniform: bool,
     batch: RankBatch,
     only: CudagraphMode | None,
+    *,
+    disable_full: bool = False,
 ) -> tuple[CudagraphMode, int]:
     """The dispatcher's choice for ``tokens`` as (mode, padded count): any mode
-    (``only`` None, a rank's own lookup), or ``only`` that mode else eager at
-    ``tokens`` (the lookup at the agreed count, restricted to the agreed mode)."""
+    (``only`` None, a rank's own lookup; any but FULL with ``disable_full``),
+    or ``only`` that mode else eager at ``tokens`` (the lookup at the agreed
+    count, restricted to the agreed mode)."""
     accepted = inspect.signature(dispatcher.dispatch).parameters
     if "num_tokens" not in accepted:
         raise _Unanswerable  # 0.11's dispatcher takes a descriptor, not counts
@@ -185,11 +195,13 @@ def _lookup(
     }
     if "num_active_loras" in accepted:
         kwargs["num_active_loras"] = batch.num_active_loras
-    if only == CudagraphMode.PIECEWISE:
+    if only == CudagraphMode.PIECEWISE or disable_full:
         if "invalid_modes" in accepted:
             kwargs["invalid_modes"] = {_native(dispatcher, CudagraphMode.FULL)}
         elif "disable_full" in accepted:
             kwargs["disable_full"] = True
+        elif disable_full:
+            raise _Unanswerable  # 0.12's dispatcher cannot leave FULL out
     native_mode, descriptor = dispatcher.dispatch(**kwargs)
     mode = CudagraphMode(native_mode.name)
     if only is None:

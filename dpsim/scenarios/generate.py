@@ -184,7 +184,9 @@ def cases(
             fitted = v1.fit(chosen)
             assume(fitted is not None)  # a table this release refuses to build
             assert fitted is not None
-            chosen = fitted
+            chosen = (
+                fitted if policy is not None else v1.model_kind(draw, fitted, profile)
+            )
             batch = v1.batches(chosen, scenario, profile)
         elif profile == "caller":
             batch = _caller_batches(model, chosen, scenario)

@@ -22,9 +22,15 @@ flag, ``allow_ubatching`` is ``allow_microbatching``).
              batches it can describe, any LoRA count, microbatching allowed
              or not.
 
-Encoder inputs (``num_encoder_reqs``) are not drawn: the sync inputs have no
-field for them, so no case claims them. Token counts aim at the capture
-table's edges, as for V2 (:mod:`dpsim.scenarios.generate`).
+Encoder inputs (``num_encoder_reqs``, ``execute_model``'s count of scheduled
+encoder inputs) are drawn where the caller takes them (0.13+). ``caller``: a
+quarter of the drawn policies serve an encoder-decoder model
+(``encoder_decoder``), whose prefills all bring their encoder input (vLLM
+disables chunked prefill for them) and whose decodes none; the other
+(decoder-only, possibly multimodal) policies have encoder inputs on any number
+of a step's prefills. ``contract``: either policy flag, and any count up to
+the batch's requests on any step. Token counts aim at the capture table's
+edges, as for V2 (:mod:`dpsim.scenarios.generate`).
 """
 
 from __future__ import annotations
@@ -59,13 +65,18 @@ class V1CallerModel:
     dummy_of_decode_length: bool
     #: Whether the caller takes an active-LoRA count (0.17+), not only has_lora.
     lora_counts: bool
+    #: Whether the caller takes ``num_encoder_reqs`` (0.13+).
+    encoder_inputs: bool = False
 
     @classmethod
-    def of_version(cls, version: str | None, lora_counts: bool) -> V1CallerModel:
+    def of_version(
+        cls, version: str | None, lora_counts: bool, encoder_inputs: bool = False
+    ) -> V1CallerModel:
         key = _version_key(version)
         return cls(
             dummy_of_decode_length=key is None or key >= _DUMMY_OF_DECODE_LENGTH,
             lora_counts=lora_counts,
+            encoder_inputs=encoder_inputs,
         )
 
 
@@ -88,7 +99,9 @@ class V1Generation:
         compilation = target.compilation.__dict__.get("CompilationConfig")
         return cls(
             model=V1CallerModel.of_version(
-                target.version, lora_counts="force_num_active_loras" in runner
+                target.version,
+                lora_counts="force_num_active_loras" in runner,
+                encoder_inputs=target.api.has("num_encoder_reqs"),
             ),
             capabilities=Capabilities(
                 has_lora=True, has_varlen_decode=False, has_microbatching=True
@@ -112,6 +125,17 @@ class V1Generation:
         if settings is not None and not self.any_ubatch_count:
             policy = replace(policy, microbatching=replace(settings, num_ubatches=2))
         return policy
+
+    def model_kind(
+        self, draw: st.DrawFn, policy: CapturePolicy, profile: str
+    ) -> CapturePolicy:
+        """``policy`` for a drawn model: encoder-decoder for a quarter of the
+        caller profile's policies and half the contract's, where the caller
+        takes encoder inputs (before that the flag would change nothing)."""
+        if not self.model.encoder_inputs or policy.encoder_decoder:
+            return policy
+        odds = st.integers(0, 3) if profile == "caller" else st.integers(0, 1)
+        return replace(policy, encoder_decoder=draw(odds) == 0)
 
     def batches(self, policy: CapturePolicy, scenario: str, profile: str) -> BatchesOf:
         if profile == "caller":
@@ -144,7 +168,9 @@ def caller_batches(
     landmarks = sorted({*policy.capture_sizes, *([threshold] if threshold else [])})
     anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
 
-    def batch(lengths: list[int], kind: str, draw: st.DrawFn) -> RankBatch:
+    def batch(
+        lengths: list[int], kind: str, draw: st.DrawFn, encoders: int = 0
+    ) -> RankBatch:
         equal = len(set(lengths)) == 1
         active = min(draw(loras), len(lengths)) if kind != "dummy" else 0
         return RankBatch(
@@ -155,8 +181,18 @@ def caller_batches(
             num_active_loras=active,
             allow_ubatching=True,
             uniform_decode=kind == "dummy",
+            num_encoder_reqs=encoders,
             kind=kind,
         )
+
+    def encoder_inputs(draw: st.DrawFn, prefills: int) -> int:
+        # Requests whose scheduled chunk holds an encoder input: every
+        # prefill of an encoder-decoder model, any of a multimodal one's.
+        if not model.encoder_inputs:
+            return 0
+        if policy.encoder_decoder:
+            return prefills
+        return draw(st.integers(0, prefills))
 
     def requests_near(draw: st.DrawFn, anchor: int) -> int:
         near = sorted(
@@ -179,10 +215,11 @@ def caller_batches(
         total = draw(st.one_of(st.sampled_from(_near(anchor)), tokens))
         prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
         lengths = split_evenly(total, prefills)
+        encoders = encoder_inputs(draw, len(lengths))
         if kind == "mixed":
             decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
             lengths = [query_len] * decodes + lengths
-        return batch(lengths, "prefill" if kind == "varlen" else kind, draw)
+        return batch(lengths, "prefill" if kind == "varlen" else kind, draw, encoders)
 
     def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Every rank profiles the same batch: _dummy_run(is_profile=True).
@@ -251,6 +288,7 @@ def contract_batches(
             num_active_loras=draw(loras),
             allow_ubatching=draw(st.booleans()),
             uniform_decode=describable and draw(st.booleans()),
+            num_encoder_reqs=draw(st.integers(0, reqs)) if model.encoder_inputs else 0,
         )
 
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:

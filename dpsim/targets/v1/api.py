@@ -15,7 +15,10 @@ remainder on the last); ``need_eager`` is ``force_eager``;
 ``allow_ubatching`` is ``allow_microbatching``; ``uniform_decode`` sets
 ``force_uniform_decode`` (dummy and profile runs pass it either way, as
 ``_dummy_run`` does); a regular batch carries its LoRA count in the runner's
-input batch, a dummy run passes ``force_has_lora``/``force_num_active_loras``.
+input batch, a dummy run passes ``force_has_lora``/``force_num_active_loras``;
+``num_encoder_reqs`` is passed as is (0.13+; earlier callers refuse a nonzero
+count), and the stand-in's ``model_config.is_encoder_decoder`` is the
+policy's ``encoder_decoder``, read off the dispatcher's config.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Agreement, Descriptor
 from dpsim.targets.v1.caller import RunnerState
+from dpsim.targets.v1.dispatcher import model_is_encoder_decoder
 
 ENTRY = "coordinate_batch_across_dp"
 #: RankBatch kinds made by ``_dummy_run``, which forces the uniform-decode flag.
@@ -44,6 +48,7 @@ _INPUT_PARAMETERS: dict[str, str | None] = {
     "num_active_loras": None,
     "allow_ubatching": "allow_microbatching",
     "uniform_decode": "force_uniform_decode",
+    "num_encoder_reqs": "num_encoder_reqs",
 }
 
 
@@ -180,6 +185,7 @@ class V1API:
             parallel_config=parallel_config,
             cudagraph_mode=table.compilation_config.cudagraph_mode,
             num_active_loras=(0 if _dummy(inputs) else inputs.num_active_loras),
+            encoder_decoder=model_is_encoder_decoder(table),
         )
         seen: list[tuple[Any, ...]] = []
         token = _syncs.set(seen)
@@ -211,6 +217,7 @@ class V1API:
             "use_cascade_attn": False,
             "allow_microbatching": inputs.allow_ubatching,
             "force_eager": inputs.need_eager,
+            "num_encoder_reqs": inputs.num_encoder_reqs,
             "force_uniform_decode": (
                 inputs.uniform_decode if dummy or inputs.uniform_decode else None
             ),

@@ -48,11 +48,11 @@ MODELLED_READS: dict[tuple[str, ...], str] = {
     ("vllm_config", "parallel_config"): "parallel_config",
     ("compilation_config", "cudagraph_mode"): "cudagraph_mode",
     ("vllm_config", "compilation_config", "cudagraph_mode"): "cudagraph_mode",
-    # Sequence parallelism (0.12-0.32's _pad_for_sequence_parallelism) and
-    # encoder-decoder models are outside what dpsim models: off, as by default.
+    # Sequence parallelism (0.12-0.32's _pad_for_sequence_parallelism) is
+    # outside what dpsim models: off, as by default.
     ("compilation_config", "pass_config", "enable_sp"): "off",
     ("vllm_config", "compilation_config", "pass_config", "enable_sp"): "off",
-    ("model_config", "is_encoder_decoder"): "off",
+    ("model_config", "is_encoder_decoder"): "encoder_decoder",
     # CUDA-graph metrics change no decision; off, as by default.
     ("vllm_config", "observability_config", "cudagraph_metrics"): "off",
 }
@@ -126,6 +126,8 @@ class RunnerState:
     parallel_config: Any
     cudagraph_mode: Any
     num_active_loras: int
+    #: The policy's ``encoder_decoder`` (as the dispatcher's config holds it).
+    encoder_decoder: bool = False
 
     def value(self, name: str) -> Any:
         if name == "off":

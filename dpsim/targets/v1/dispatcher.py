@@ -76,6 +76,9 @@ def build_dispatcher(
         ("num_speculative_tokens",): max(config.decode_query_len - 1, 0),
         ("speculative_config",): None,
         ("lora_config",): None,
+        # Not the dispatcher's business: the caller method reads it (see
+        # model_is_encoder_decoder), and the dispatcher is what reaches it.
+        ("model_config", "is_encoder_decoder"): config.encoder_decoder,
     }
     if config.decode_query_len > 1:
         del paths[("speculative_config",)]
@@ -102,6 +105,18 @@ def build_dispatcher(
         initialize(mode)
     _check_lora_cases(dispatcher, config.lora_capture_cases)
     return dispatcher
+
+
+def model_is_encoder_decoder(dispatcher: Any) -> bool:
+    """Whether the deployment ``dispatcher`` was built for serves an
+    encoder-decoder model (the policy's ``encoder_decoder``).
+
+    The caller's stand-in ``self`` and the V1 oracle both need it, and both
+    get the dispatcher already; carrying it in the dispatcher's config view
+    (where vLLM's ``VllmConfig`` has it too) spares a new argument through
+    every layer between the policy and a rank's call.
+    """
+    return bool(dispatcher.vllm_config.model_config.is_encoder_decoder)
 
 
 def _reads_in(dispatcher_class: type) -> Callable[[str], str]:
