@@ -527,17 +527,18 @@ FULL_ONLY = CapturePolicy(
 
 
 @pytest.mark.release
+@pytest.mark.parametrize("version", ["0.17.0", "0.33.0"])
 @pytest.mark.parametrize("encoder_decoder", [True, False])
 def test_an_encoder_prefill_of_an_encoder_decoder_model_replays_no_full_graph(
-    encoder_decoder: bool,
+    version: str, encoder_decoder: bool
 ) -> None:
     # FULL mode captures FULL graphs for every batch: an encoder-decoder
-    # model's prefill with encoder inputs (0.33.0's has_encoder_output) may
+    # model's prefill with encoder inputs (the caller's has_encoder_output) may
     # not replay one, so its rank runs eager and, the least mode, every rank.
     policy = replace(FULL_ONLY, encoder_decoder=encoder_decoder)
     encoder_prefill = prefill(5, num_encoder_reqs=1, **ALLOW)
     case = step_of(encoder_prefill, prefill(3, **ALLOW), policy=policy)
-    target = load_target("0.33.0", runner="v1")
+    target = load_target(version, runner="v1")
     result = run_case(target, case)
     modes = [
         sync_records(rank.events)[0].descriptor.cg_mode  # type: ignore[union-attr]
