@@ -167,7 +167,7 @@ BAD_POLICIES = [
         {"capture_sizes": [1], "capture_size": [2]},
         "unknown key 'capture_size' (known keys: capture_sizes, cudagraph_mode, "
         "max_num_seqs, decode_query_len, lora_capture_cases, varlen_decode, "
-        "max_capture_size, microbatching, drafter)",
+        "max_capture_size, microbatching, drafter, encoder_decoder)",
     ),
 ]
 
