@@ -160,6 +160,8 @@ def caller_batches(
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
     dummy_tokens = query_len if model.dummy_of_decode_length else 1
+    encoder_decoder = policy.encoder_decoder
+    multimodal = model.encoder_inputs and not encoder_decoder
     threshold = (
         policy.microbatching.decode_token_threshold if policy.microbatching else 0
     )
@@ -185,41 +187,39 @@ def caller_batches(
             kind=kind,
         )
 
-    def encoder_inputs(draw: st.DrawFn, prefills: int) -> int:
-        # Requests whose scheduled chunk holds an encoder input: every
-        # prefill of an encoder-decoder model, any of a multimodal one's.
-        if not model.encoder_inputs:
-            return 0
-        if policy.encoder_decoder:
-            return prefills
-        return draw(st.integers(0, prefills))
-
     def requests_near(draw: st.DrawFn, anchor: int) -> int:
         near = sorted(
             {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
         )
         return draw(st.one_of(st.sampled_from(near), st.integers(1, max_reqs)))
 
-    def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
+    def one_rank(
+        draw: st.DrawFn, kinds: tuple[str, ...], anchor: int
+    ) -> tuple[RankBatch, int]:
+        """A rank's batch and how many of its requests are prefills."""
         kind = draw(st.sampled_from(kinds))
         if kind == "dummy":
-            return batch([dummy_tokens], kind, draw)
+            return batch([dummy_tokens], kind, draw), 0
         if kind == "decode":
-            return batch([query_len] * requests_near(draw, anchor), kind, draw)
+            return batch([query_len] * requests_near(draw, anchor), kind, draw), 0
         if kind == "varlen" and query_len > 1:
             reqs = requests_near(draw, anchor)
             short = draw(st.integers(1, reqs))
             shorter = draw(st.integers(1, query_len - 1))
             lengths = [query_len] * (reqs - short) + [shorter] * short
-            return batch(lengths, kind, draw)
+            return batch(lengths, kind, draw), 0
         total = draw(st.one_of(st.sampled_from(_near(anchor)), tokens))
         prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
         lengths = split_evenly(total, prefills)
-        encoders = encoder_inputs(draw, len(lengths))
+        prefill_count = len(lengths)
+        # No chunked prefill for encoder-decoder models: every prefill
+        # brings its encoder input.
+        encoders = prefill_count if model.encoder_inputs and encoder_decoder else 0
         if kind == "mixed":
             decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
             lengths = [query_len] * decodes + lengths
-        return batch(lengths, "prefill" if kind == "varlen" else kind, draw, encoders)
+        kind = "prefill" if kind == "varlen" else kind
+        return batch(lengths, kind, draw, encoders), prefill_count
 
     def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Every rank profiles the same batch: _dummy_run(is_profile=True).
@@ -239,7 +239,18 @@ def caller_batches(
         palette = [
             one_rank(draw, kinds, anchor) for _ in range(draw(st.integers(1, 3)))
         ]
-        batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        picked = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        batches = [entry for entry, _ in picked]
+        if multimodal:
+            # Drawn last, so the step's shape is drawn as before encoder
+            # inputs were: how many of a multimodal model's prefills bring
+            # one (ranks given the same batch keep sharing it).
+            with_inputs = {
+                id(entry): replace(entry, num_encoder_reqs=draw(st.integers(0, count)))
+                for entry, count in palette
+                if count
+            }
+            batches = [with_inputs.get(id(entry), entry) for entry in batches]
         if all(rank.kind == "dummy" for rank in batches):
             # With no work on any rank the engine does not step at all.
             batches[0] = batch([query_len], "decode", draw)
