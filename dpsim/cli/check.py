@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from dpsim.check import (
     run_check,
 )
 from dpsim.cli import add_command, check_output_directory
+from dpsim.cli.progress import StatusLine
 from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
@@ -344,25 +343,12 @@ class _Progress:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.tty = sys.stderr.isatty()
-        self.every = 0.2 if self.tty else 30.0
-        self.last = time.monotonic() if not self.tty else 0.0
-        self.drawn = False
+        self.line = StatusLine()
 
     def __call__(self, scenario: str, done: int, planned: int) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = f"checking {self.target.label} · {scenario} · {done}/{planned} cases"
-        if self.tty:
-            sys.stderr.write("\r" + line[:100].ljust(100))
-            self.drawn = True
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        self.line.show(
+            f"checking {self.target.label} · {scenario} · {done}/{planned} cases"
+        )
 
     def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
+        self.line.close()

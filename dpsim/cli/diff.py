@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 from textwrap import fill
 from typing import Any
@@ -20,6 +18,7 @@ from dpsim.capture.policy_files import load_policy
 from dpsim.check import DEFAULT_EXAMPLES
 from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import add_case_arguments
+from dpsim.cli.progress import StatusLine
 from dpsim.diff import KINDS, DiffOptions, Sides, parse_sides, run_diff
 from dpsim.diff.report import exit_status, render, summary, write_case_files
 from dpsim.errors import UsageError
@@ -192,25 +191,10 @@ class _Progress:
     line every 30 seconds (so a long run in CI still shows it is alive)."""
 
     def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.every = 0.2 if self.tty else 30.0
-        self.last = 0.0 if self.tty else time.monotonic()
-        self.drawn = False
+        self.line = StatusLine()
 
     def __call__(self, what: str, scenario: str, done: int, planned: int) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = f"diff · {scenario} · {what} · {done}/{planned} cases"
-        if self.tty:
-            sys.stderr.write("\r" + line[:100].ljust(100))
-            self.drawn = True
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        self.line.show(f"diff · {scenario} · {what} · {done}/{planned} cases")
 
     def close(self) -> None:
-        if self.drawn:
-            sys.stderr.write("\r" + " " * 100 + "\r")
-            sys.stderr.flush()
+        self.line.close()
