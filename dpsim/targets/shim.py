@@ -75,6 +75,20 @@ class LoadedFile:
     sha256: str
 
 
+def parse_source(path: Path) -> tuple[bytes, ast.Module]:
+    """A target source file's bytes and syntax tree; a one-line
+    :class:`TargetError` naming the file when it cannot be read or parsed."""
+    try:
+        data = path.read_bytes()
+        return data, ast.parse(data, filename=str(path))
+    except SyntaxError as error:
+        raise TargetError(
+            f"{path}:{error.lineno}: cannot parse ({error.msg})"
+        ) from error
+    except OSError as error:
+        raise TargetError(f"cannot read {path}: {error.strerror}") from error
+
+
 # -- inert stubs ---------------------------------------------------------------
 
 
@@ -307,15 +321,7 @@ class ModuleLoader:
         return made
 
     def _execute(self, name: str, path: Path, *, lenient: bool) -> types.ModuleType:
-        try:
-            data = path.read_bytes()
-            tree = ast.parse(data, filename=str(path))
-        except SyntaxError as error:
-            raise TargetError(
-                f"{path}:{error.lineno}: cannot parse ({error.msg})"
-            ) from error
-        except OSError as error:
-            raise TargetError(f"cannot read {path}: {error.strerror}") from error
+        data, tree = parse_source(path)
         tree = _TickEveryLoop().visit(tree)
         module: types.ModuleType = (
             ShimModule(name, self) if lenient else (types.ModuleType(name))

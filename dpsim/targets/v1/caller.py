@@ -29,7 +29,7 @@ from types import CodeType, MethodType
 from typing import Any
 
 from dpsim.errors import TargetError
-from dpsim.targets.shim import TICK_NAME, _TickEveryLoop
+from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
 from dpsim.targets.v1.strict import StrictView, view_of_paths
 
 RUNNER_CLASS = "GPUModelRunner"
@@ -142,15 +142,7 @@ def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Cal
     """Cut :data:`CALLER_METHOD` and the methods it calls on ``self`` out of
     ``path`` and compile them against ``globals_``; a one-line
     :class:`TargetError` when the file has no such method."""
-    try:
-        source = path.read_bytes()
-        tree = ast.parse(source, filename=str(path))
-    except SyntaxError as error:
-        raise TargetError(
-            f"{path}:{error.lineno}: cannot parse ({error.msg})"
-        ) from error
-    except OSError as error:
-        raise TargetError(f"cannot read {path}: {error.strerror}") from error
+    _, tree = parse_source(path)
     runner = next(
         (
             node
