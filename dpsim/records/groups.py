@@ -21,3 +21,9 @@ EP_GROUP = "ep"
 
 #: Every group a run has unless told otherwise, in the order traces list them.
 DEFAULT_GROUP_NAMES = (WORLD_GROUP, DP_CPU_GROUP, DP_DEVICE_GROUP, EP_GROUP)
+
+#: The engine core's own stateless DP group (``DPEngineCoreProc.dp_group``),
+#: over which the runner lane's real engine loop all-reduces its unfinished
+#: requests (``ParallelConfig.sync_dp_state``). Not a default group: only the
+#: runner lane declares it, so the sync lane's traces list the groups they did.
+ENGINE_DP_GROUP = "engine_dp"

@@ -27,6 +27,7 @@ from dpsim.records.trace import (
     wait_info,
 )
 from dpsim.sim.collectives import LogEntry, Pending, SignatureTuple, SimCollectives
+from dpsim.sim.mailbox import PARKED_EVENT
 from dpsim.sim.scheduler import Scheduler
 from dpsim.sim.world import SimWorld
 
@@ -154,7 +155,15 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
                 waiting = waits(blocked[0], rank, blocked[1])
         else:
             state, returned, error = exit_record
-        events = Event.all_of(all_events[rank])
+        raw_events = all_events[rank]
+        mailbox = world.parked.get(rank)
+        if mailbox is not None and waiting is None:
+            # Idle, waiting for input: said so, as a collective wait is.
+            raw_events = [
+                *raw_events,
+                (PARKED_EVENT, len(logs[rank]), {"mailbox": mailbox.name}),
+            ]
+        events = Event.all_of(raw_events)
         traces.append(
             make_trace(
                 rank,

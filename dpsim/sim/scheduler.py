@@ -32,6 +32,7 @@ import re
 import traceback
 from bisect import insort
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 from greenlet import GreenletExit, getcurrent, greenlet
@@ -192,25 +193,50 @@ class Scheduler:
 
     # -- the hub -----------------------------------------------------------
 
-    def run(self) -> None:
-        """Run ranks until none can run. On an exception, close before re-raising."""
+    def run(self, on_quiescent: Callable[[], bool] | None = None) -> None:
+        """Run ranks until none can run. On an exception, close before re-raising.
+
+        When no rank can run, ``on_quiescent()`` (if given) is called in the
+        hub; it may wake ranks (a message into a parked rank's mailbox) and
+        return True to go on. The run ends when it returns False or woke no one.
+        """
         if self.hub is not None:
             raise SchedulerError("a Scheduler runs once")
         self.hub = getcurrent()
         self._workers = workers_pool.take(len(self._programs), self.hub)
         runnable = self._runnable
         try:
-            while runnable:
-                # Back here when no rank can run, or when the chooser raised.
-                self._next_greenlet().switch()
-                failure = self._failure
-                if failure is not None:
-                    self._failure = None
-                    raise failure
-            self.current = -1
+            while True:
+                while runnable:
+                    # Back here when no rank can run, or when the chooser raised.
+                    self._next_greenlet().switch()
+                    failure = self._failure
+                    if failure is not None:
+                        self._failure = None
+                        raise failure
+                self.current = -1
+                if on_quiescent is None or not on_quiescent() or not runnable:
+                    break
         except BaseException:
             self.close()
             raise
+
+    def blocked_ranks(self) -> tuple[int, ...]:
+        """Ranks that started and have not ended (read in the hub, between ranks)."""
+        return tuple(
+            rank
+            for rank, (started, ended) in enumerate(
+                zip(self._started, self._ended, strict=True)
+            )
+            if started and not ended
+        )
+
+    def frame(self, rank: int) -> FrameType | None:
+        """Where a blocked rank stands: its greenlet's innermost frame, else None."""
+        if not self._started[rank] or self._ended[rank] or rank == self.current:
+            return None
+        frame: FrameType | None = self._workers[rank].gr_frame
+        return frame
 
     def after_rank(self) -> greenlet:
         """Where a worker whose rank ended switches to: the next rank, or the hub."""

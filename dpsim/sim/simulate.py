@@ -12,6 +12,7 @@ from typing import Any
 
 from dpsim.records.trace import SimResult
 from dpsim.sim.choosers import LOWEST_FIRST, Chooser
+from dpsim.sim.mailbox import Quiescence
 from dpsim.sim.result import result_of_run
 from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET, Program, Scheduler
 from dpsim.sim.world import SimWorld, resolve_groups
@@ -26,6 +27,7 @@ def simulate(
     chooser: Chooser | None = None,
     step_budget: int = DEFAULT_STEP_BUDGET,
     skip_dp_coordination: Collection[int] = (),
+    on_quiescent: Callable[[Quiescence], bool] | None = None,
 ) -> SimResult:
     """Run ``programs`` on ``ranks`` virtual ranks until none can run.
 
@@ -41,6 +43,9 @@ def simulate(
             stopped with a ``budget`` verdict.
         skip_dp_coordination: ranks on which ``should_skip_dp_coordination()``
             starts out True.
+        on_quiescent: called when no rank can run (see
+            :mod:`dpsim.sim.mailbox`); it may put messages into parked ranks'
+            mailboxes and return True to go on, or return False to end the run.
     """
     program_list = per_rank_programs(programs, ranks)
     scheduler = Scheduler(program_list, chooser or LOWEST_FIRST, step_budget)
@@ -51,7 +56,11 @@ def simulate(
     )
     with runtime.installed(world):
         try:
-            scheduler.run()
+            if on_quiescent is None:
+                scheduler.run()
+            else:
+                quiescence = Quiescence(world)
+                scheduler.run(lambda: on_quiescent(quiescence))
             return result_of_run(scheduler, world)
         finally:
             scheduler.close()

@@ -22,6 +22,7 @@ from dpsim.records.groups import (
 from dpsim.records.trace import EventTuple
 from dpsim.sim.collectives import SimCollectives, SimProcessGroup
 from dpsim.sim.coordinator import GroupCoordinatorView
+from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.scheduler import Scheduler
 from dpsim.targets import runtime
 
@@ -86,6 +87,8 @@ class SimWorld:
         self.dist = SimCollectives(scheduler, world_size, groups, WORLD_GROUP)
         self.skip_flags = list(skip_dp_coordination)
         self.events: list[list[EventTuple]] = [[] for _ in range(world_size)]
+        #: Ranks parked in a mailbox now, by rank (see dpsim.sim.mailbox).
+        self.parked: dict[int, Mailbox] = {}
         self._dp_cpu = self.dist.groups[DP_CPU_GROUP]
         self._dp_device = self.dist.groups[DP_DEVICE_GROUP]
         self._dp_members = list(self._dp_device.members)
