@@ -209,16 +209,36 @@ def forward(
     if setting.target.runner == "v1":
         _v1_dp_metadata(setting, rank, descriptor, agreement)
     world = program_world()
-    group = world.group(EP_GROUP)
-    dist = world.dist
-    microbatches = max(descriptor.num_ubatches, 1)
-    if descriptor.cg_mode == CudagraphMode.NONE:
-        count = torch.tensor([descriptor.num_tokens], dtype=torch.int32)
+    moe_collectives(
+        world.dist,
+        world.group(EP_GROUP),
+        descriptor.num_tokens,
+        eager=descriptor.cg_mode == CudagraphMode.NONE,
+        num_ubatches=descriptor.num_ubatches,
+    )
+
+
+def moe_collectives(
+    dist: Any, group: Any, num_tokens: int, *, eager: bool, num_ubatches: int
+) -> None:
+    """The MoE dispatch/combine of one forward of ``num_tokens`` on ``group``.
+
+    The one model of a forward's EP collectives, shared by the sync lane's
+    scenarios (:func:`forward`) and the runner lane's stood-in models and
+    graphs (``dpsim.lanes.runner.forward``), so both lanes' traces speak of a
+    forward alike. A replayed graph (or a piecewise-compiled forward) has a
+    fixed shape, so it moves the padded per-microbatch count, and ranks whose
+    shapes differ mismatch; an eager forward exchanges its real count instead
+    (an all-gather every rank joins whatever its count).
+    """
+    microbatches = max(num_ubatches, 1)
+    if eager:
+        count = torch.tensor([num_tokens], dtype=torch.int32)
         gathered = torch.empty(group.size(), dtype=torch.int32)
         for _ in range(microbatches):
             dist.all_gather_into_tensor(gathered, count, group=group)
         return
-    per_microbatch = -(-descriptor.num_tokens // microbatches)
+    per_microbatch = -(-num_tokens // microbatches)
     activations = torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
     for _ in range(microbatches):
         dist.all_reduce(activations, group=group)
