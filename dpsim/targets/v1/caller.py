@@ -29,6 +29,7 @@ from types import CodeType, MethodType
 from typing import Any
 
 from dpsim.errors import TargetError
+from dpsim.targets.cut import StripAnnotations, Unsupplied, free_names, tick
 from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
 from dpsim.targets.v1.strict import StrictView, view_of_paths
 
@@ -172,10 +173,10 @@ def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Cal
         prepared = _prepared(method)
         function_node = prepared.body[0]
         assert isinstance(function_node, ast.FunctionDef)
-        for name in sorted(_free_names(function_node) - {TICK_NAME}):
+        for name in sorted(free_names(function_node) - {TICK_NAME}):
             used[name] = name in namespace
             if name not in namespace:
-                namespace[name] = _Unsupplied(name, path, version)
+                namespace[name] = _unsupplied(name, path, version)
         functions[method.name] = _compile(prepared, method.name, path, namespace)
     entry = methods[0]
     reads = {chain for method in methods for chain in method.reads}
@@ -275,51 +276,12 @@ def _is_name(node: ast.expr, name: str) -> bool:
     return isinstance(node, ast.Name) and node.id == name
 
 
-def _free_names(node: ast.FunctionDef) -> set[str]:
-    """Global names ``node`` loads: loaded, never bound inside, not builtins."""
-    loaded: set[str] = set()
-    bound: set[str] = set()
-    for part in ast.walk(node):
-        if isinstance(part, ast.Name):
-            (loaded if isinstance(part.ctx, ast.Load) else bound).add(part.id)
-        elif isinstance(part, ast.arg):
-            bound.add(part.arg)
-        elif isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            if part is not node:
-                bound.add(part.name)
-        elif isinstance(part, ast.alias):
-            bound.add((part.asname or part.name).split(".")[0])
-    return loaded - bound - set(dir(builtins))
-
-
-class _StripAnnotations(ast.NodeTransformer):
-    """Drop annotations: they name types dpsim does not load, and change nothing."""
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:
-        self.generic_visit(node)
-        node.returns = None
-        for argument in (
-            *node.args.posonlyargs,
-            *node.args.args,
-            *node.args.kwonlyargs,
-            *(a for a in (node.args.vararg, node.args.kwarg) if a is not None),
-        ):
-            argument.annotation = None
-        return node
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
-        if node.value is None:
-            return ast.copy_location(ast.Pass(), node)
-        assign = ast.Assign(targets=[node.target], value=node.value)
-        return ast.copy_location(assign, node)
-
-
 def _prepared(method: Method) -> ast.Module:
     """The method as dpsim runs it: undecorated, unannotated, loops ticked."""
     node = copy.deepcopy(method.node)  # the transformers below edit in place
     node.decorator_list = []
     module = ast.Module(body=[node], type_ignores=[])
-    module = _TickEveryLoop().visit(_StripAnnotations().visit(module))
+    module = _TickEveryLoop().visit(StripAnnotations().visit(module))
     return ast.fix_missing_locations(module)
 
 
@@ -327,30 +289,18 @@ def _compile(
     module: ast.Module, name: str, path: Path, namespace: dict[str, Any]
 ) -> Callable[..., Any]:
     code: CodeType = compile(module, str(path), "exec", dont_inherit=True)
-    namespace.setdefault(TICK_NAME, _tick())
+    namespace.setdefault(TICK_NAME, tick())
     exec(code, namespace)
     function = namespace.pop(name)
     assert callable(function)
     return function
 
 
-def _tick() -> Callable[[], None]:
-    from dpsim.targets import runtime
-
-    return runtime.tick
-
-
-class _Unsupplied:
+def _unsupplied(name: str, path: Path, version: str | None) -> Unsupplied:
     """A global name the caller uses that dpsim does not supply: any use of it
     raises, naming it, instead of computing with a made-up value."""
-
-    def __init__(self, name: str, path: Path, version: str | None) -> None:
-        self._text = (
-            f"dpsim supplies no {name!r} to vLLM {version or '(this tree)'}'s "
-            f"{RUNNER_CLASS} methods ({path.name} uses it)"
-        )
-
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise NameError(self._text)
-
-    __call__ = __getattr__ = __bool__ = __iter__ = __getitem__ = _refuse
+    text = (
+        f"dpsim supplies no {name!r} to vLLM {version or '(this tree)'}'s "
+        f"{RUNNER_CLASS} methods ({path.name} uses it)"
+    )
+    return Unsupplied(name, lambda: NameError(text))

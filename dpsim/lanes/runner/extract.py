@@ -1,0 +1,207 @@
+"""A real vLLM class rebuilt from chosen methods of its source file.
+
+vLLM's runner-side classes (``GPUModelRunner``, ``Worker``, the speculators,
+``DPEngineCoreProc``) live in files that import half of vLLM and build GPU
+state in ``__init__``. The lane runs their real methods anyway:
+:func:`real_class` parses the file with the targets' one reader
+(:func:`~dpsim.targets.shim.parse_source`), keeps only the named methods of
+the class (properties, setters and cached properties included), strips
+annotations, gives every loop the shim's tick, and executes a synthesized
+``class Name(*bases): <the kept methods>`` compiled with the REAL file name
+and line numbers: tracebacks, :mod:`~dpsim.lanes.runner.where`, coverage and
+zero-argument ``super()`` (which needs a real class statement for
+``__class__``) all work as in vLLM.
+
+Decorators: one whose source text (``ast.unparse``, so quotes and spacing
+do not matter) is a key of ``decorators`` is replaced by the value, or dropped when the value is None
+(the caller's code says why: e.g. ``torch.inference_mode()`` is per-thread
+state in vLLM, and the lane runs CPU tensors without autograd, so dropping it
+is what keeps virtual ranks apart); any other is evaluated for real.
+
+Global names the kept methods (and their nested functions, lambdas and
+comprehensions, and their decorators) use resolve from ``globals_``, then
+builtins; any other becomes an object that logs a gap and raises
+:class:`~dpsim.lanes.runner.strict.ModelGap` on any use, naming the name and
+the vLLM line. Methods the class does not keep are not there: reading one
+off an instance is a gap like any other unknown attribute. Instances are made
+without ``__init__`` (:func:`~dpsim.lanes.runner.strict.instance`).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import copy
+import sys
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner import where
+from dpsim.lanes.runner.strict import ModelGap, StrictObject, gap
+from dpsim.targets.cut import StripAnnotations, Unsupplied, free_names, tick
+from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a rebuilt class came from (``cls.DPSIM_ORIGIN``)."""
+
+    path: Path
+    version: str | None
+    class_name: str
+    methods: tuple[str, ...]
+    #: The compiled class statement; its constants hold every method's code.
+    code: CodeType
+
+    def codes(self) -> Iterator[CodeType]:
+        """Every function code object compiled from the file: the methods and
+        what they nest (functions, lambdas, comprehensions)."""
+        return _nested_codes(self.code)
+
+
+def real_class(
+    path: Path,
+    class_name: str,
+    methods: Collection[str],
+    *,
+    version: str | None,
+    globals_: Mapping[str, Any],
+    bases: tuple[type, ...] = (StrictObject,),
+    decorators: Mapping[str, Callable[..., Any] | None] | None = None,
+    absent: Collection[str] = (),
+    class_attributes: Mapping[str, Any] | None = None,
+) -> type:
+    """``class_name`` of vLLM file ``path`` with only ``methods``, runnable.
+
+    ``absent``: attributes the real object lacks too (``ABSENT``, so
+    ``getattr`` probes take their default); ``class_attributes``: class-level
+    names vLLM's class body defines that the methods read via ``self``.
+    A missing class or method is a one-line :class:`TargetError`.
+    """
+    # Keys normalised the way the file's decorators are (quotes, spacing).
+    decorators = {
+        ast.unparse(ast.parse(text, mode="eval").body): value
+        for text, value in (decorators or {}).items()
+    }
+    shown = where.register_file(path)
+    owner = f"vLLM {version or '(this tree)'}'s {shown}"
+    _, tree = parse_source(path)
+    found = next(
+        (
+            node
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and node.name == class_name
+        ),
+        None,
+    )
+    if found is None:
+        raise TargetError(f"runner lane: {owner} has no class {class_name}")
+    wanted = list(dict.fromkeys(methods))
+    kept: list[ast.FunctionDef | ast.AsyncFunctionDef] = [
+        copy.deepcopy(node)  # the transformers below edit in place
+        for node in found.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.name in wanted
+    ]
+    have = {node.name for node in kept}
+    for name in wanted:
+        if name not in have:
+            raise TargetError(f"runner lane: {owner} has no {class_name}.{name}")
+
+    namespace: dict[str, Any] = dict(globals_)
+    namespace.setdefault("__builtins__", builtins.__dict__)
+    namespace.setdefault("__name__", f"dpsim.lanes.runner.real.{class_name}")
+    namespace[TICK_NAME] = tick()
+    for node in kept:
+        node.decorator_list = [
+            replaced
+            for decorator in node.decorator_list
+            if (replaced := _decorator(decorator, decorators, namespace)) is not None
+        ]
+    statement = ast.ClassDef(
+        name=class_name,
+        bases=[],
+        keywords=[],
+        body=[*kept],
+        decorator_list=[],
+    )
+    for index, base in enumerate(bases):
+        name = f"__dpsim_base_{index}__"
+        namespace[name] = base
+        statement.bases.append(ast.Name(name, ast.Load()))
+    ast.copy_location(statement, found)
+    module = ast.Module(body=[statement], type_ignores=[])
+    module = _TickEveryLoop().visit(StripAnnotations().visit(module))
+    ast.fix_missing_locations(module)
+
+    builtin_names = set(dir(builtins))
+    for node in kept:
+        for name in sorted(free_names(node) - have - builtin_names):
+            if name not in namespace:
+                namespace[name] = _unsupplied(name)
+    code = compile(module, str(path), "exec", dont_inherit=True)
+    try:
+        exec(code, namespace)
+    except ModelGap:
+        raise
+    except Exception as error:
+        line = _innermost_line(error, str(path))
+        raise TargetError(
+            f"runner lane: {owner}{line}: building {class_name} failed: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    cls = namespace[class_name]
+    assert isinstance(cls, type)
+    cls.ABSENT = frozenset(absent) | getattr(cls, "ABSENT", frozenset())  # type: ignore[attr-defined]
+    for name, value in (class_attributes or {}).items():
+        setattr(cls, name, value)
+    cls.DPSIM_ORIGIN = Origin(path, version, class_name, tuple(wanted), code)  # type: ignore[attr-defined]
+    return cls
+
+
+def _decorator(
+    node: ast.expr,
+    replacements: Mapping[str, Callable[..., Any] | None],
+    namespace: dict[str, Any],
+) -> ast.expr | None:
+    """A kept method's decorator as the rebuilt class applies it."""
+    text = ast.unparse(node)
+    if text not in replacements:
+        return node
+    value = replacements[text]
+    if value is None:
+        return None
+    # Named by its text's position among the replacements: unique, stable.
+    name = f"__dpsim_decorator_{list(replacements).index(text)}__"
+    namespace[name] = value
+    return ast.copy_location(ast.Name(name, ast.Load()), node)
+
+
+def _unsupplied(name: str) -> Unsupplied:
+    def refusal() -> ModelGap:
+        at = where.vllm_location(sys._getframe(1)) or "(no vLLM frame)"
+        return gap(f"name {name} read at {at} is not supplied")
+
+    return Unsupplied(name, refusal)
+
+
+def _nested_codes(code: CodeType) -> Iterator[CodeType]:
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            if constant.co_flags & 0x2:  # CO_NEWLOCALS: a function, not a class body
+                yield constant
+            yield from _nested_codes(constant)
+
+
+def _innermost_line(error: BaseException, path: str) -> str:
+    line = ""
+    trace = error.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code.co_filename == path:
+            line = f":{trace.tb_lineno}"
+        trace = trace.tb_next
+    return line
