@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Protocol
 
-from dpsim.records.case import Case, RankBatch
+from dpsim.records.case import RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
+from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import (
     RUNNER_EVENT,
     Agreement,
@@ -105,11 +106,23 @@ class Phase:
         return any(record is not None and record.reused for record in self.records)
 
 
+class JudgedCase(Protocol):
+    """What properties read of a case: the sync lane's :class:`Case` and the
+    runner lane's ``RunnerCase`` both answer it."""
+
+    @property
+    def scenario(self) -> str: ...
+    @property
+    def policy(self) -> CapturePolicy: ...
+    @property
+    def dp_size(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Evidence:
     """What a property may look at."""
 
-    case: Case
+    case: JudgedCase
     result: SimResult
 
     @cached_property
