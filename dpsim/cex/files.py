@@ -112,6 +112,13 @@ def write(
     ).hexdigest()[:10]
     first = stem(counterexample, digest) if name is None else f"{name}-{digest}"
     path = directory / f"{first}.json"
+    write_atomically(path, text)
+    return path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (its folder made)."""
+    directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(
         dir=directory, prefix=".writing-", suffix=".json"
@@ -123,7 +130,6 @@ def write(
     except BaseException:
         Path(scratch).unlink(missing_ok=True)
         raise
-    return path
 
 
 #: Bigger than any counterexample dpsim writes (a 1024-rank trace is a few
@@ -156,6 +162,28 @@ def read(path: Path) -> Counterexample:
 
 
 def _read(path: Path) -> Counterexample:
+    data = load_json(path)
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise UsageError(f"{path}: not a dpsim counterexample file")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{path}: counterexample schema {str(data.get('schema'))[:40]!r}; "
+            f"this dpsim reads {SCHEMA_VERSION}"
+        )
+    try:
+        return _parse(data)
+    except UsageError as error:
+        raise UsageError(f"{path}: malformed counterexample: {error}") from error
+    except (KeyError, TypeError, ValueError) as error:
+        # Defence in depth: validate.py should have caught it first.
+        raise UsageError(
+            f"{path}: malformed counterexample ({type(error).__name__}: {error})"
+        ) from error
+
+
+def load_json(path: Path) -> Any:
+    """A file's JSON, read with the size limit and refusals every dpsim file
+    shares (the runner lane's case files too); nothing in it is executed."""
     try:
         with path.open("rb") as stream:
             raw = stream.read(MAX_FILE_BYTES + 1)
@@ -173,22 +201,7 @@ def _read(path: Path) -> Counterexample:
         raise UsageError(
             f"{path}: not a dpsim counterexample (not JSON: {reason})"
         ) from error
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise UsageError(f"{path}: not a dpsim counterexample file")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise UsageError(
-            f"{path}: counterexample schema {str(data.get('schema'))[:40]!r}; "
-            f"this dpsim reads {SCHEMA_VERSION}"
-        )
-    try:
-        return _parse(data)
-    except UsageError as error:
-        raise UsageError(f"{path}: malformed counterexample: {error}") from error
-    except (KeyError, TypeError, ValueError) as error:
-        # Defence in depth: validate.py should have caught it first.
-        raise UsageError(
-            f"{path}: malformed counterexample ({type(error).__name__}: {error})"
-        ) from error
+    return data
 
 
 def _parse(data: dict[str, Any]) -> Counterexample:
