@@ -1,0 +1,173 @@
+"""Hypothesis strategies for the runner lane: engine options and per-rank request streams.
+
+What the modelled scheduler (:mod:`dpsim.lanes.runner.scheduler`) plays is
+drawn here, adversarial but realistic: idle ranks (no request at all), ranks
+whose requests arrive late (a new wave after the others went idle), KV-transfer
+waits (a rank with requests and 0 tokens scheduled), long prompts that are
+chunked, requests that end at ``max_model_len`` (where drafts are clamped),
+k = 1..7 speculative tokens with per-verification acceptance, unequal loads,
+many small requests.
+
+Small by default: the lane costs about 1 ms per rank-iteration, so a rank
+gets at most :data:`MAX_REQUESTS` requests arriving within
+``max_iterations`` engine-loop iterations, each bounded so that a rank's work
+fits in about that many iterations (a chunked prompt takes up to three
+chunks, an output at most :data:`MAX_OUTPUT` tokens unless it runs to
+``max_model_len``). Every choice shrinks towards less: fewer ranks, fewer
+requests, earlier arrivals, short prompts and outputs, no waits, no
+speculator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from dpsim.lanes.runner.stream import (
+    SPECULATORS,
+    EngineOptions,
+    RankStream,
+    RequestScript,
+)
+
+__all__ = [
+    "MAX_ITERATIONS",
+    "MAX_REQUESTS",
+    "engine_options",
+    "rank_streams",
+    "workloads",
+]
+
+#: Engine-loop iterations within which a rank's requests arrive, by default.
+MAX_ITERATIONS = 8
+#: Requests per rank, at most.
+MAX_REQUESTS = 6
+#: Output tokens of a request that does not run to max_model_len, at most.
+MAX_OUTPUT = 6
+#: Iterations a request may wait for a remote KV transfer, at most.
+MAX_KV_WAIT = 3
+#: Largest k drawn (vLLM's practical range for AR and MTP drafters).
+MAX_K = 7
+
+
+def engine_options(
+    *,
+    speculators: tuple[str | None, ...] = (None, *SPECULATORS),
+    async_scheduling: bool | None = None,
+) -> st.SearchStrategy[EngineOptions]:
+    """Engine options: small budgets and model lengths so chunking and the
+    ``max_model_len`` edge are reached in a few iterations.
+
+    ``speculators`` limits the drafter drawn (None: none); ``async_scheduling``
+    fixes it when not None.
+    """
+    return _engine_options(speculators, async_scheduling)
+
+
+@st.composite
+def _engine_options(
+    draw: Any, speculators: tuple[str | None, ...], fixed_async: bool | None
+) -> EngineOptions:
+    speculator = draw(st.sampled_from(speculators))
+    k = 0 if speculator is None else draw(st.integers(1, MAX_K))
+    max_num_seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(max(max_num_seqs, k + 1, 8), 64))
+    # At most three chunks for any prompt: a rank's work stays small.
+    max_model_len = draw(st.integers(max(16, k + 3), min(96, 3 * budget + 1)))
+    threshold = draw(st.one_of(st.just(0), st.integers(1, budget)))
+    return EngineOptions(
+        async_scheduling=(draw(st.booleans()) if fixed_async is None else fixed_async),
+        dp_sync_interval=draw(st.sampled_from((16, 1, 2, 4, 8))),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=threshold,
+        prefill_schedule_interval=draw(st.sampled_from((1, 2, 4))),
+        speculator=speculator,
+        num_speculative_tokens=k,
+    )
+
+
+def rank_streams(
+    dp_size: int, options: EngineOptions, *, max_iterations: int = MAX_ITERATIONS
+) -> st.SearchStrategy[tuple[RankStream, ...]]:
+    """One stream per rank for ``options``; request ids are ``r<rank>-<n>``,
+    unique across ranks."""
+    return st.tuples(
+        *(_rank_stream(rank, options, max_iterations) for rank in range(dp_size))
+    )
+
+
+@st.composite
+def _rank_stream(
+    draw: Any, rank: int, options: EngineOptions, max_iterations: int
+) -> RankStream:
+    count = draw(st.integers(0, MAX_REQUESTS))
+    arrivals = sorted(draw(st.integers(0, max_iterations - 1)) for _ in range(count))
+    return RankStream(
+        tuple(
+            draw(_request(f"r{rank}-{index}", arrival, options))
+            for index, arrival in enumerate(arrivals)
+        )
+    )
+
+
+@st.composite
+def _request(
+    draw: Any, req_id: str, arrival: int, options: EngineOptions
+) -> RequestScript:
+    most = options.max_model_len - 1
+    budget = options.max_num_batched_tokens
+    kinds = [st.integers(1, min(8, most))]
+    if budget < most:
+        # Long enough to be chunked: up to three chunks.
+        kinds.append(st.integers(budget + 1, min(3 * budget, most)))
+    # Near max_model_len: a few output tokens reach it.
+    kinds.append(st.integers(max(1, most - 3), most))
+    prompt_len = draw(st.one_of(kinds))
+    room = options.max_model_len - prompt_len
+    lengths = [st.integers(1, MAX_OUTPUT)]
+    if room <= MAX_OUTPUT:
+        # Runs to max_model_len (check_stop ends it there, before max_tokens).
+        lengths.append(st.integers(room, room + 2))
+    output_len = draw(st.one_of(lengths))
+    kv_wait = draw(st.one_of(st.just(0), st.integers(1, MAX_KV_WAIT)))
+    k = options.num_speculative_tokens
+    accepted: tuple[int, ...] = ()
+    if k:
+        accepted = tuple(draw(st.lists(st.integers(0, k), max_size=3)))
+    return RequestScript(
+        req_id=req_id,
+        arrival=arrival,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        kv_wait=kv_wait,
+        accepted=accepted,
+    )
+
+
+def workloads(
+    *,
+    min_ranks: int = 2,
+    max_ranks: int = 4,
+    max_iterations: int = MAX_ITERATIONS,
+    options: st.SearchStrategy[EngineOptions] | None = None,
+) -> st.SearchStrategy[tuple[EngineOptions, tuple[RankStream, ...]]]:
+    """Engine options with one stream per rank (``min_ranks..max_ranks``
+    ranks, shrinking towards fewer)."""
+    return _workloads(min_ranks, max_ranks, max_iterations, options or engine_options())
+
+
+@st.composite
+def _workloads(
+    draw: Any,
+    min_ranks: int,
+    max_ranks: int,
+    max_iterations: int,
+    options_strategy: st.SearchStrategy[EngineOptions],
+) -> tuple[EngineOptions, tuple[RankStream, ...]]:
+    dp_size = draw(st.integers(min_ranks, max_ranks))
+    options = draw(options_strategy)
+    streams = draw(rank_streams(dp_size, options, max_iterations=max_iterations))
+    return options, streams
