@@ -1,0 +1,600 @@
+"""vLLM's real DP engine loop on a virtual rank.
+
+Each rank runs the release's own ``DPEngineCoreProc.run_busy_loop``
+(``vllm/v1/engine/core.py``), rebuilt by
+:func:`~dpsim.lanes.runner.extract.real_class` from three real classes chained
+as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
+``super()`` reaches the real parent methods. What runs for real:
+
+* ``DPEngineCoreProc``: ``run_busy_loop`` (the dummy-batch decision, the wave
+  bookkeeping), ``_has_global_unfinished_reqs`` over the real
+  ``ParallelConfig.sync_dp_state`` (0.30+: an instance method on the engine's
+  ``parallel_config``, step 1 and every ``dp_sync_interval`` steps; 0.29: a
+  staticmethod, every 32 steps), ``add_request`` and
+  ``_handle_client_request`` (START_DP_WAVE), ``_maybe_publish_request_counts``
+  (``publish_dp_lb_stats`` is False), ``_should_throttle_prefills``;
+* ``EngineCoreProc``: ``has_work``, ``is_running``, ``_process_input_queue``,
+  ``_process_engine_step``, ``_handle_shutdown``, ``_handle_client_request``
+  (ADD, WAKEUP), the request rejections it calls, ``_notify_idle_state_callbacks``,
+  ``_send_abort_outputs``;
+* ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
+  batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
+  PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
+  ``_process_aborts_queue``, ``capture_iteration_details`` /
+  ``log_error_detail`` (context managers; stats logging off) and the
+  ``_attach_*`` helpers.
+
+The unfinished-requests all-reduce runs on the sim group
+:data:`~dpsim.records.groups.ENGINE_DP_GROUP`, the engine's own stateless DP
+group in vLLM (``stateless_init_dp_group``), apart from the model runner's
+``dp_cpu``. 0.30+'s ``cpu_all_reduce_`` (recursive doubling over gloo
+point-to-point) is stood in for by one SUM all-reduce on that group: the
+same in-place result on every member, which is what the function promises.
+
+Stood in (strict: anything else they are asked is a gap):
+
+* the executor (:class:`Executor`): vLLM's ``UniProcExecutor`` calls the
+  rank's worker synchronously and wraps the result in a completed
+  ``Future``; so does this, calling the lane's worker (D's
+  ``build_worker``); ``is_sleeping`` is False;
+* the input queue (:class:`InputQueue`): a ``queue.Queue`` look-alike over the
+  rank's :class:`~dpsim.sim.mailbox.Mailbox`, fed by the coordinator model
+  (START_DP_WAVE, shutdown) and by the rank's request stream. Arrival rule: a
+  request due at rank-local loop iteration ``k`` (counted from 0 at each
+  pass of the loop's ``while self._handle_shutdown()``) is sent before that
+  iteration's input poll; a rank that would block with nothing in its queue
+  but arrivals still to come gets the next one (and every one due with it)
+  at once: time fast-forwards, and later arrivals keep their spacing;
+* the output queue (:class:`OutputQueue`): feeds the coordinator model;
+* the aborts queue is a real, empty ``queue.Queue`` (the lane sends no
+  aborts); ``time.sleep`` is a no-op (a rank with requests but nothing
+  scheduled, e.g. a KV wait, loops without sleeping; the step budget bounds
+  one that never makes progress); the logger, the watchdog
+  (``get_watch_dog``, 0.30+) and ``dump_engine_exception`` do nothing;
+* ``@fault_tolerant_wrapper`` on ``run_busy_loop`` is dropped: with
+  ``enable_fault_tolerance`` off (vLLM's default, and the lane's) it only
+  re-raises what the loop raises;
+* the scheduler is C's :class:`~dpsim.lanes.runner.scheduler.ModelledScheduler`.
+
+Shutdown: vLLM's signal handler sets ``shutdown_state = REQUESTED`` and puts a
+WAKEUP into the input queue; the coordinator model does the same at end of
+input, and the real ``_handle_shutdown`` ends the loop (``SystemExit``, which
+:func:`run_engine` takes as the normal end). ``shutdown_timeout`` is taken
+as nonzero ("drain"): engines are shut down only once idle, where vLLM's
+abort and drain modes do the same.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import logging
+import queue
+import typing
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner.coordinator import (
+    REQUEST_TYPES,
+    Coordinator,
+    EngineCoreOutputs,
+    front_end_wakes_engines,
+)
+from dpsim.lanes.runner.extract import real_class
+from dpsim.lanes.runner.scheduler import make_request, scheduler_types
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
+from dpsim.lanes.runner.strict import StrictObject, instance, standin
+from dpsim.records.groups import ENGINE_DP_GROUP
+from dpsim.sim.mailbox import Mailbox
+from dpsim.sim.world import current_world
+from dpsim.targets import runtime
+from dpsim.targets.shim import TORCH_VIEW, parse_source
+
+ENGINE_CORE_MODULE = "vllm.v1.engine.core"
+PARALLEL_CONFIG_MODULE = "vllm.config.parallel"
+COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
+#: The modules this part of the lane reads (A's RUNNER_LANE_MODULES lists them).
+ENGINE_MODULES = (ENGINE_CORE_MODULE, PARALLEL_CONFIG_MODULE, COORDINATOR_MODULE)
+
+#: Per real class: the methods kept (a release lacking one is refused), and
+#: those kept where the release defines them (they came or went between
+#: 0.29 and 0.33; when absent, nothing in the kept methods calls them).
+_ENGINE_CORE = (
+    (
+        "add_request",
+        "abort_requests",
+        "log_error_detail",
+        "capture_iteration_details",
+        "_make_iteration_details_stats",
+        "_attach_iteration_details",
+        "_should_throttle_prefills",
+        "step",
+        "post_step",
+        "step_with_batch_queue",
+        "_process_aborts_queue",
+        "execute_dummy_batch",
+    ),
+    ("_attach_weight_version",),
+)
+_ENGINE_CORE_PROC = (
+    (
+        "has_work",
+        "is_running",
+        "run_busy_loop",
+        "_maybe_publish_request_counts",
+        "_process_input_queue",
+        "_process_engine_step",
+        "_notify_idle_state_callbacks",
+        "_handle_shutdown",
+        "_handle_client_request",
+        "_reject_add_in_shutdown",
+        "_send_abort_outputs",
+    ),
+    ("_reject_add_while_paused",),
+)
+_DP_ENGINE_CORE_PROC = (
+    (
+        "add_request",
+        "_handle_client_request",
+        "_maybe_publish_request_counts",
+        "_should_throttle_prefills",
+        "run_busy_loop",
+        "_has_global_unfinished_reqs",
+    ),
+    (),
+)
+_PARALLEL_CONFIG = (("sync_dp_state",), ("cpu_distributed_timeout",))
+
+#: The decorators of kept methods the lane replaces, and why (see the module
+#: docstring): fault tolerance is off, so its wrapper only re-raises.
+_DECORATORS: dict[str, Callable[..., Any] | None] = {"fault_tolerant_wrapper": None}
+
+#: vLLM's ``EngineShutdownState`` (an IntEnum in core.py) by the values it has.
+SHUTDOWN_STATE = standin("EngineShutdownState", RUNNING=0, REQUESTED=1, SHUTTING_DOWN=2)
+
+
+class Sources(Protocol):
+    """What the engine needs of the lane's sources (A's ``RunnerSources``)."""
+
+    @property
+    def version(self) -> str | None: ...
+
+    def path(self, module: str) -> Path: ...
+
+    def has(self, module: str) -> bool: ...
+
+
+class Worker(Protocol):
+    """What the executor stand-in calls on the lane's worker (D's)."""
+
+    def execute_model(self, scheduler_output: Any) -> Any: ...
+
+    def sample_tokens(self, grammar_output: Any) -> Any: ...
+
+    def execute_dummy_batch(self) -> None: ...
+
+    def take_draft_token_ids(self) -> Any: ...
+
+
+# -- the stand-ins --------------------------------------------------------------
+
+
+def _do_nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+#: vLLM's module logger: logging decides nothing the lane judges.
+LOGGER = standin(
+    "logger",
+    debug=_do_nothing,
+    info=_do_nothing,
+    warning=_do_nothing,
+    error=_do_nothing,
+    isEnabledFor=lambda level: False,
+)
+#: 0.30+'s engine watchdog: the lane has no wall clock to watch.
+WATCH_DOG = standin(
+    "WatchDog", feed=_do_nothing, disable=lambda: contextlib.nullcontext()
+)
+#: ``time`` as the engine loop uses it: only ``sleep``, which yields the GIL
+#: to transfer threads the lane does not have; anything else (a clock) is a gap.
+TIME = standin("time", sleep=_do_nothing)
+
+
+def cpu_all_reduce_(
+    tensor: torch.Tensor, group: Any, timeout: Any = None
+) -> torch.Tensor:
+    """vLLM's ``cpu_all_reduce_`` (0.30+): an in-place SUM over ``group``,
+    bitwise identical on every member. One fake all-reduce gives the same."""
+    runtime.DIST_PROXY.all_reduce(tensor, group=group)
+    return tensor
+
+
+class _CompletedFuture(Future):
+    """A ``Future`` holding a worker call's result; an async model-runner output
+    is resolved on first ``result()``, as ``UniProcExecutor``'s
+    ``AsyncOutputFuture`` does."""
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self._pending = value if _is_async_output(value) else None
+        if self._pending is None:
+            self.set_result(value)
+
+    def result(self, timeout: float | None = None) -> Any:
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self.set_result(pending.get_output())
+        return super().result(timeout)
+
+
+def _is_async_output(value: Any) -> bool:
+    # Looked up on the type: a strict output must not log a gap for the probe.
+    return callable(getattr(type(value), "get_output", None))
+
+
+class Executor(StrictObject):
+    """vLLM's ``UniProcExecutor`` for one rank: calls the worker synchronously."""
+
+    OWNER = "Executor"
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.is_sleeping = False
+
+    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
+        return self._answer(self.worker.execute_model(scheduler_output), non_block)
+
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
+        return self._answer(self.worker.sample_tokens(grammar_output), non_block)
+
+    def execute_dummy_batch(self) -> None:
+        self.worker.execute_dummy_batch()
+
+    def take_draft_token_ids(self) -> Any:
+        return self.worker.take_draft_token_ids()
+
+    @staticmethod
+    def _answer(value: Any, non_block: bool) -> Any:
+        if non_block:
+            return _CompletedFuture(value)
+        return value.get_output() if _is_async_output(value) else value
+
+
+class Arrivals:
+    """One rank's request stream, sent as its requests fall due (see the
+    module docstring for the rule)."""
+
+    def __init__(
+        self, rank: int, requests: Iterable[RequestScript], coordinator: Coordinator
+    ) -> None:
+        self._rank = rank
+        self._due: deque[RequestScript] = deque(requests)
+        self._coordinator = coordinator
+        #: Iterations skipped by fast-forwarding: stream time = iteration + skipped.
+        self._skipped = 0
+        #: The loop iteration now running, from 0 (-1 before the loop starts).
+        self.iteration = -1
+
+    def start_iteration(self) -> None:
+        self.iteration += 1
+        self._send_until(self.iteration + self._skipped)
+
+    def pending(self) -> bool:
+        return bool(self._due)
+
+    def fast_forward(self) -> None:
+        """Send the next arrival now, and every one due with it."""
+        due = self._due[0].arrival
+        self._skipped = due - max(self.iteration, 0)
+        self._send_until(due)
+
+    def _send_until(self, now: int) -> None:
+        due = self._due
+        while due and due[0].arrival <= now:
+            self._coordinator.send_request(self._rank, make_request(due.popleft()))
+
+
+class InputQueue(StrictObject):
+    """The engine's ``input_queue`` (a ``queue.Queue``) over the rank's mailbox."""
+
+    OWNER = "input_queue"
+
+    def __init__(self, mailbox: Mailbox, arrivals: Arrivals) -> None:
+        self._mailbox = mailbox
+        self._arrivals = arrivals
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if timeout is not None:
+            # A timeout would need a clock; the engine loop uses none.
+            raise TargetError(
+                "runner lane: the engine's input_queue.get was given a timeout; "
+                "the lane has no clock"
+            )
+        mailbox = self._mailbox
+        if mailbox.empty():
+            if self._arrivals.pending():
+                self._arrivals.fast_forward()
+            elif not block:
+                raise queue.Empty
+        return mailbox.get()
+
+    def get_nowait(self) -> Any:
+        if self._mailbox.empty():
+            raise queue.Empty
+        return self._mailbox.get_nowait()
+
+    def empty(self) -> bool:
+        return self._mailbox.empty()
+
+
+class OutputQueue(StrictObject):
+    """The engine's ``output_queue``: what it puts goes to the coordinator model."""
+
+    OWNER = "output_queue"
+
+    def __init__(self, rank: int, coordinator: Coordinator) -> None:
+        self._rank = rank
+        self._coordinator = coordinator
+
+    def put_nowait(self, item: Any) -> None:
+        self._coordinator.output(self._rank, item)
+
+
+# -- the real classes -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineClasses:
+    """One release's rebuilt engine and config classes."""
+
+    engine: type
+    parallel_config: type
+    front_end_wakes: bool
+
+
+def engine_classes(sources: Sources) -> EngineClasses:
+    """The release's engine classes (built once per set of files)."""
+    for module in ENGINE_MODULES:
+        if not sources.has(module):
+            raise TargetError(
+                f"runner lane: vLLM {sources.version or '(this tree)'} has no "
+                f"{module.replace('.', '/')}.py, which the engine loop needs"
+            )
+    return _engine_classes(
+        sources.path(ENGINE_CORE_MODULE),
+        sources.path(PARALLEL_CONFIG_MODULE),
+        sources.path(COORDINATOR_MODULE),
+        sources.version,
+        # The scheduler's pause_state is the release's PauseState; compared as such.
+        scheduler_types(sources).PauseState,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _engine_classes(
+    core: Path, parallel: Path, coordinator: Path, version: str | None, pause_state: Any
+) -> EngineClasses:
+    config_methods = _methods(parallel, "ParallelConfig", _PARALLEL_CONFIG)
+    parallel_config = real_class(
+        parallel,
+        "ParallelConfig",
+        config_methods,
+        version=version,
+        globals_={
+            "torch": TORCH_VIEW,
+            "ReduceOp": torch.distributed.ReduceOp,
+            "cpu_all_reduce_": cpu_all_reduce_,
+        },
+    )
+    globals_ = {
+        "Any": Any,
+        "Generator": typing.Generator,
+        "cast": typing.cast,
+        "contextmanager": contextlib.contextmanager,
+        "Future": Future,
+        "defaultdict": defaultdict,
+        "queue": queue,
+        "time": TIME,
+        "DEBUG": logging.DEBUG,
+        "logger": LOGGER,
+        "get_watch_dog": lambda: WATCH_DOG,
+        # Logs the failing step's inputs before the engine re-raises: logging only.
+        "dump_engine_exception": _do_nothing,
+        # Only a type argument to typing.cast in step_with_batch_queue.
+        "ModelRunnerOutput": object,
+        "EngineCoreOutputs": EngineCoreOutputs,
+        "EngineCoreRequestType": REQUEST_TYPES,
+        "EngineShutdownState": SHUTDOWN_STATE,
+        "ParallelConfig": parallel_config,
+        "PauseState": pause_state,
+    }
+    core_cls = real_class(
+        core,
+        "EngineCore",
+        _methods(core, "EngineCore", _ENGINE_CORE),
+        version=version,
+        globals_=globals_,
+        decorators=_DECORATORS,
+    )
+    proc_cls = real_class(
+        core,
+        "EngineCoreProc",
+        _methods(core, "EngineCoreProc", _ENGINE_CORE_PROC),
+        version=version,
+        globals_=globals_,
+        bases=(core_cls,),
+        decorators=_DECORATORS,
+    )
+    dp_cls = real_class(
+        core,
+        "DPEngineCoreProc",
+        _methods(core, "DPEngineCoreProc", _DP_ENGINE_CORE_PROC),
+        version=version,
+        globals_=globals_,
+        bases=(proc_cls,),
+        decorators=_DECORATORS,
+    )
+    lane_cls = type(
+        "DPEngineCoreProc", (_LaneHooks, dp_cls), {"OWNER": "DPEngineCoreProc"}
+    )
+    return EngineClasses(
+        engine=lane_cls,
+        parallel_config=parallel_config,
+        front_end_wakes=front_end_wakes_engines(coordinator, version),
+    )
+
+
+def _methods(
+    path: Path, class_name: str, wanted: tuple[tuple[str, ...], tuple[str, ...]]
+) -> list[str]:
+    """The required methods and those optional ones ``class_name`` defines."""
+    required, optional = wanted
+    if not optional:
+        return list(required)
+    _, tree = parse_source(path)
+    defined: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            defined = {
+                item.name
+                for item in node.body
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+            }
+    return [*required, *(name for name in optional if name in defined)]
+
+
+class _LaneHooks(StrictObject):
+    """The lane's one hook into the real loop: each pass of ``run_busy_loop``'s
+    ``while self._handle_shutdown()`` starts a rank-local iteration, at which
+    the requests due are sent (before that iteration's input poll). The real
+    ``_handle_shutdown`` then runs unchanged."""
+
+    _dpsim_arrivals: Arrivals
+
+    def _handle_shutdown(self) -> bool:
+        self._dpsim_arrivals.start_iteration()
+        handled: bool = super()._handle_shutdown()  # type: ignore[misc]
+        return handled
+
+
+# -- building and running an engine -----------------------------------------------
+
+
+def build_engine(
+    sources: Sources,
+    options: EngineOptions,
+    scheduler: Any,
+    worker: Worker,
+    rank: int,
+    dp_size: int,
+    mailbox: Mailbox,
+    coordinator: Coordinator,
+    stream: RankStream | None = None,
+) -> Any:
+    """Rank ``rank``'s engine: the real ``DPEngineCoreProc``, built without its
+    ``__init__`` (ZMQ handshakes, executor start-up, KV-cache profiling) and
+    given the attributes its kept methods read, each as vLLM's ``__init__``
+    would set it for this deployment. ``stream`` (default: none) is the
+    rank's requests, sent as they fall due."""
+    classes = engine_classes(sources)
+    if classes.front_end_wakes != coordinator.front_end_wakes:
+        raise ValueError(
+            "the coordinator model was made for another release's wave protocol"
+        )
+    config_fields: dict[str, Any] = {}
+    if "cpu_distributed_timeout" in classes.parallel_config.__dict__:
+        config_fields["cpu_distributed_timeout_seconds"] = None  # vLLM's default
+    parallel_config: Any = instance(classes.parallel_config, **config_fields)
+    vllm_config = standin(
+        "VllmConfig",
+        parallel_config=parallel_config,
+        observability_config=standin(
+            "ObservabilityConfig", enable_logging_iteration_details=False
+        ),
+        # Nonzero: drain mode (see the module docstring).
+        shutdown_timeout=1,
+    )
+    arrivals = Arrivals(rank, stream.requests if stream else (), coordinator)
+    batch_queue_size = 2 if options.async_scheduling else 1
+    engine: Any = instance(
+        classes.engine,
+        _dpsim_arrivals=arrivals,
+        vllm_config=vllm_config,
+        scheduler=scheduler,
+        model_executor=Executor(worker),
+        # EngineCore.__init__
+        log_stats=False,
+        _weight_version="default",
+        batch_queue_size=batch_queue_size,
+        batch_queue=deque(maxlen=batch_queue_size) if batch_queue_size > 1 else None,
+        is_mm_encoder_only=False,  # 0.30+
+        is_ec_consumer=False,  # 0.29
+        is_pooling_model=False,
+        async_scheduling=options.async_scheduling,
+        check_for_draft_tokens=options.speculator is not None,
+        aborts_queue=queue.Queue(),
+        _idle_state_callbacks=[],
+        # EngineCoreProc.__init__
+        input_queue=InputQueue(mailbox, arrivals),
+        output_queue=OutputQueue(rank, coordinator),
+        engine_index=rank,
+        engines_running=False,
+        shutdown_state=SHUTDOWN_STATE.RUNNING,
+        reject_new_requests=False,
+        # A DP deployment of a MoE model runs a coordinator (internal LB).
+        has_coordinator=True,
+        # Load-balancing stats decide nothing the lane judges.
+        publish_dp_lb_stats=False,
+        last_counts=(0, 0),
+        process_input_queue_block=True,
+        # DPEngineCoreProc.__init__ / _init_data_parallel
+        prefill_schedule_interval=options.prefill_schedule_interval,
+        dp_sync_interval=options.dp_sync_interval,  # 0.30+ reads it
+        step_counter=0,
+        current_wave=0,
+        pending_pause=False,
+        ignore_start_dp_wave=False,
+        eep_scaling_state=None,
+        dp_rank=rank,
+        dp_size=dp_size,
+    )
+    engine.step_fn = (
+        engine.step if engine.batch_queue is None else engine.step_with_batch_queue
+    )
+    coordinator.attach(rank, functools.partial(_request_shutdown, engine))
+    return engine
+
+
+def _request_shutdown(engine: Any) -> None:
+    # What vLLM's signal handler does to the engine (run_engine_core).
+    engine.shutdown_state = SHUTDOWN_STATE.REQUESTED
+
+
+def run_engine(engine: Any) -> None:
+    """Run the engine's real busy loop on the running rank until it exits.
+
+    The engine's DP group is the running simulation's ``engine_dp`` group
+    (taken here: a group handle belongs to a run). vLLM's loop ends by
+    raising ``SystemExit`` after a requested shutdown; that is the normal
+    end, and this returns.
+    """
+    engine.dp_group = current_world().group(ENGINE_DP_GROUP)
+    with contextlib.suppress(SystemExit):
+        engine.run_busy_loop()
+
+
+def coordinator_for(sources: Sources, mailboxes: Sequence[Mailbox]) -> Coordinator:
+    """The coordinator model for this release's wave protocol."""
+    return Coordinator(
+        mailboxes, front_end_wakes=engine_classes(sources).front_end_wakes
+    )
