@@ -232,7 +232,9 @@ def test_an_interrupted_fetch_leaves_no_entry_that_looks_complete(
     def fake_download(version: str, into: Path) -> Path:
         return Path(shutil.copy(wheel, into))
 
-    def interrupted_extract(wheel_path: Path, into: Path) -> dict[str, str]:
+    def interrupted_extract(
+        wheel_path: Path, into: Path, wanted: tuple[str, ...]
+    ) -> dict[str, str]:
         (into / "vllm").mkdir()
         (into / "vllm" / "partial.py").write_text("half")
         raise KeyboardInterrupt

@@ -24,7 +24,11 @@ files (:data:`V1_WANTED`, 250-390 KB a release, almost all of it
 ``gpu_model_runner.py``). That is not damage: it serves V2 as it is, and is
 fetched again once, said in one line, the first time a V1 target needs it.
 The manifest's ``wanted`` list (the prefixes its fetch extracted) tells the
-two apart.
+two apart. The runner lane (:mod:`dpsim.lanes.runner.sources`) reads more of
+a release (the engine core, the worker, the scheduler's output): it asks for
+those paths as ``extra``, and an entry without them is fetched again once
+the same way, keeping whatever the entry already held, so the sync lane's
+fetch stays as small as it was.
 
 A damaged entry (a file edited, truncated, missing or added; a manifest
 missing, empty, corrupt or naming another version) is refused in one line that
@@ -145,14 +149,21 @@ def _version_key(version: str) -> tuple[tuple[int, ...], str]:
 
 
 def ensure_release(
-    version: str, root: Path | None = None, *, runner: str | None = None
+    version: str,
+    root: Path | None = None,
+    *,
+    runner: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Path:
     """The cached package directory (``.../vllm``) of ``version``, fetched once
     and verified against its manifest on every call.
 
     An entry fetched by a dpsim from before the V1 runner lacks V1's files; it
     is sound, not damaged, and serves V2 as it is, but for ``runner="v1"`` it
-    is fetched again (once, said in one line on stderr).
+    is fetched again (once, said in one line on stderr). ``extra`` (path
+    prefixes inside the wheel, the runner lane's files) is kept too: fetched
+    with the entry when it is new, and an entry without them is fetched again
+    once, likewise.
     """
     check_release(version, runner)
     root = root or cache_root()
@@ -160,37 +171,60 @@ def ensure_release(
     if not os.path.lexists(entry):
         with _fetch_lock(version, entry):
             if not os.path.lexists(entry):
-                _fetch(version, entry)
+                _fetch(version, entry, wanted=_union(WANTED, extra))
     _verify_or_refuse(version, entry)
     if runner == "v1" and not _extracted(entry, V1_WANTED):
-        _upgrade_for_v1(version, entry)
+        _upgrade(
+            version, entry, V1_WANTED, "dpsim's V1 runner", "the V1 caller's files"
+        )
+    if extra and not _extracted(entry, extra):
+        _upgrade(
+            version, entry, extra, "dpsim's runner lane", "the runner lane's files"
+        )
     return entry / "vllm"
+
+
+def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:
+    """The prefixes of every group, each once, in order."""
+    return tuple(dict.fromkeys(prefix for group in groups for prefix in group))
+
+
+def _recorded(entry: Path) -> tuple[str, ...]:
+    """The prefixes the fetch that made ``entry`` extracted (none when its
+    manifest does not say)."""
+    try:
+        recorded = json.loads((entry / MANIFEST).read_bytes()).get("wanted", [])
+    except (OSError, ValueError, AttributeError):
+        return ()
+    if not isinstance(recorded, list):
+        return ()
+    return tuple(prefix for prefix in recorded if isinstance(prefix, str))
 
 
 def _extracted(entry: Path, wanted: tuple[str, ...]) -> bool:
     """Whether the fetch that made ``entry`` extracted every path of ``wanted``
     (recorded in its manifest; a file the release lacks is then simply absent)."""
-    try:
-        recorded = json.loads((entry / MANIFEST).read_bytes()).get("wanted", [])
-    except (OSError, ValueError, AttributeError):
-        return False
-    return isinstance(recorded, list) and set(wanted) <= set(recorded)
+    return set(wanted) <= set(_recorded(entry))
 
 
-def _upgrade_for_v1(version: str, entry: Path) -> None:
+def _upgrade(
+    version: str, entry: Path, needed: tuple[str, ...], feature: str, files: str
+) -> None:
+    """Fetch ``entry`` again for ``needed``, keeping what it already held."""
     note = (
         f"dpsim: fetching vllm {version} again (a ~300 MB wheel, once): its cache "
-        "entry predates dpsim's V1 runner and lacks the V1 caller's files"
+        f"entry predates {feature} and lacks {files}"
     )
     with _fetch_lock(version, entry):
-        if _extracted(entry, V1_WANTED):
+        if _extracted(entry, needed):
             return  # another process upgraded it meanwhile
         try:
-            _fetch(version, entry, note=note)
+            wanted = _union(WANTED, _recorded(entry), needed)
+            _fetch(version, entry, note=note, wanted=wanted)
         except TargetError as error:
             raise TargetError(
-                f"the cached vllm {version} predates dpsim's V1 runner (it lacks "
-                f"the V1 caller's files) and fetching it again failed: {error}"
+                f"the cached vllm {version} predates {feature} (it lacks "
+                f"{files}) and fetching it again failed: {error}"
             ) from None
     _verify_or_refuse(version, entry)
 
@@ -204,7 +238,8 @@ def refetch_release(version: str, root: Path | None = None) -> Path:
     check_release(version)
     entry = release_dir(version, root or cache_root())
     with _fetch_lock(version, entry):
-        _fetch(version, entry)
+        # What a lane asked for before stays: a refetch repairs, not shrinks.
+        _fetch(version, entry, wanted=_union(WANTED, _recorded(entry)))
     _verify_or_refuse(version, entry)
     return entry / "vllm"
 
@@ -234,7 +269,13 @@ def _unwritable(version: str, entry: Path, error: OSError) -> TargetError:
     )
 
 
-def _fetch(version: str, entry: Path, note: str | None = None) -> None:
+def _fetch(
+    version: str,
+    entry: Path,
+    note: str | None = None,
+    *,
+    wanted: tuple[str, ...] = WANTED,
+) -> None:
     parent = entry.parent
     print(
         note
@@ -253,7 +294,7 @@ def _fetch(version: str, entry: Path, note: str | None = None) -> None:
             ) as staging,
         ):
             wheel = _download(version, Path(download))
-            files = _extract(wheel, Path(staging))
+            files = _extract(wheel, Path(staging), wanted)
             wheel.unlink()
             if DP_UTILS not in files and V1_DP_UTILS_IN_CHECKOUT not in files:
                 raise TargetError(
@@ -265,7 +306,7 @@ def _fetch(version: str, entry: Path, note: str | None = None) -> None:
                 "version": version,
                 "source": "pip download",
                 "files": files,
-                "wanted": list(WANTED),
+                "wanted": list(wanted),
             }
             (Path(staging) / MANIFEST).write_text(json.dumps(manifest, indent=1))
             os.chmod(staging, 0o755)  # shared caches: readable by every user
@@ -488,8 +529,9 @@ def _pip_reason(output: str) -> str:
     return chosen.removeprefix("ERROR: ")
 
 
-def _extract(wheel: Path, into: Path) -> dict[str, str]:
-    """Extract the wanted files; return their wheel paths and SHA-256 digests."""
+def _extract(wheel: Path, into: Path, wanted: tuple[str, ...]) -> dict[str, str]:
+    """Extract the files under ``wanted``; return their wheel paths and SHA-256
+    digests."""
     digests: dict[str, str] = {}
     try:
         archive = zipfile.ZipFile(wheel)
@@ -497,7 +539,7 @@ def _extract(wheel: Path, into: Path) -> dict[str, str]:
         raise TargetError(f"{wheel.name} is not a readable wheel: {error}") from error
     with archive:
         for name in archive.namelist():
-            if not name.endswith(".py") or not name.startswith(WANTED):
+            if not name.endswith(".py") or not name.startswith(wanted):
                 continue
             relative = PurePosixPath(name)
             if ".." in relative.parts:

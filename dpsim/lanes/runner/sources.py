@@ -1,0 +1,259 @@
+"""Which vLLM files the runner lane reads, for one target, and how it loads them.
+
+The lane runs more of vLLM than the sync lane: the engine core's busy loop,
+the worker, the V2 model runner and its helpers, the speculators, the
+scheduler's output types. :data:`RUNNER_LANE_MODULES` names them (each part
+of the lane adds the modules it needs here, one line each); for a release,
+the cache keeps their files too, fetched (or fetched again, once, said in one
+line on stderr) the first time the lane uses the release, so the sync lane's
+fetch stays as small as it was (:func:`dpsim.targets.cache.ensure_release`).
+A module a release does not have is simply absent: :meth:`RunnerSources.has`
+says so, and :meth:`RunnerSources.path` refuses in one line naming it.
+
+Loading a module (:meth:`RunnerSources.load_module`) goes through the shim's
+:class:`~dpsim.targets.shim.ModuleLoader`, one per sources object, with each
+module's mode chosen by the caller:
+
+* strict (``lenient=False``): the file is executed as is; any error is a
+  one-line :class:`~dpsim.errors.TargetError` naming the line;
+* lenient (``lenient=True``): statement by statement; a statement that fails
+  (it needs a dependency dpsim does not load) leaves the names it binds as
+  *inert stubs* that answer everything. Stubs are NOT strict: lane code must
+  not let vLLM touch them. Prefer strict loads, or extract just the classes
+  needed with :func:`~dpsim.lanes.runner.extract.real_class` using a lenient
+  module's namespace only for the names that did load for real.
+
+Either way, what the module imports from vLLM modules nobody loaded, and
+every third-party package but torch and numpy, is an inert stub (the shim's
+rule), and module-level state is shared by every virtual rank using the
+loader: per-rank state (forward context, caches) needs per-rank stand-ins.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner import where
+from dpsim.targets.cache import ensure_release
+from dpsim.targets.load import DP_UTILS_MODULE, _tree_version
+from dpsim.targets.shim import ModuleLoader
+from dpsim.targets.spec import (
+    ReleaseSpec,
+    TargetSpec,
+    _release_key,
+    check_release,
+)
+from dpsim.targets.standins import STAND_INS
+
+#: The modules the runner lane reads. ``pkg.*`` is the whole package below
+#: ``pkg``; a package's own name is its ``__init__.py``.
+RUNNER_LANE_MODULES: tuple[str, ...] = (
+    "vllm.v1.engine.core",
+    "vllm.v1.engine.coordinator",
+    "vllm.v1.engine",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu.model_runner",
+    "vllm.v1.worker.gpu.input_batch",
+    "vllm.v1.worker.gpu.states",
+    "vllm.v1.worker.gpu.eplb_utils",
+    "vllm.v1.worker.gpu.cudagraph_utils",
+    "vllm.v1.worker.gpu.dp_utils",
+    "vllm.v1.worker.gpu.async_utils",
+    "vllm.v1.worker.gpu.spec_decode.*",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.outputs",
+    "vllm.config.parallel",
+    "vllm.forward_context",
+)
+#: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
+#: and speculator layout it is written against starts there.
+OLDEST_RUNNER_LANE = (0, 29)
+
+
+def wheel_prefixes(modules: tuple[str, ...] = RUNNER_LANE_MODULES) -> tuple[str, ...]:
+    """The paths inside a wheel that hold ``modules`` (what the cache keeps)."""
+    prefixes: list[str] = []
+    for module in modules:
+        if module.endswith(".*"):
+            prefixes.append(module[:-2].replace(".", "/") + "/")
+        else:
+            base = module.replace(".", "/")
+            prefixes.extend((f"{base}.py", f"{base}/__init__.py"))
+    return tuple(prefixes)
+
+
+def check_runner_lane_release(version: str) -> None:
+    """Refuse, before any fetch, a release the lane cannot drive."""
+    check_release(version, "v2")
+    if _release_key(version)[:2] < OLDEST_RUNNER_LANE:
+        oldest = ".".join(map(str, OLDEST_RUNNER_LANE))
+        raise TargetError(
+            f"runner lane: vllm {version} is older than the runner lane supports "
+            f"({oldest}.0 and later); refused without fetching it"
+        )
+
+
+@dataclass
+class RunnerSources:
+    """The vLLM files of one target as the runner lane reads them.
+
+    ``package_dir`` plays ``vllm/``; ``overrides`` maps module names to files
+    replacing the package's own (``--target``'s ``dp_utils.py``);
+    ``stand_ins`` adds to the shim's faithful stand-ins
+    (:data:`dpsim.targets.standins.STAND_INS`) for this loader.
+    """
+
+    package_dir: Path
+    version: str | None
+    overrides: dict[str, Path] = field(default_factory=dict)
+    stand_ins: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    _loader: _LaneLoader | None = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def for_spec(cls, spec: TargetSpec) -> RunnerSources:
+        """A target spec's sources: its release (cache kept for the lane) or
+        tree, with ``--target`` replacing the V2 sync file."""
+        if spec.runner != "v2":
+            raise TargetError(
+                f"runner lane: drives vLLM's V2 model runner only, not the "
+                f"{spec.runner.upper()} runner"
+            )
+        if isinstance(spec.base, ReleaseSpec):
+            made = cls.for_release(spec.base.version)
+        else:
+            made = cls.for_tree(spec.base.package_dir)
+        if spec.dp_utils_file is not None:
+            made.overrides[DP_UTILS_MODULE] = spec.dp_utils_file
+        return made
+
+    @classmethod
+    def for_release(cls, version: str) -> RunnerSources:
+        check_runner_lane_release(version)
+        package_dir = ensure_release(version, runner="v2", extra=wheel_prefixes())
+        return cls(package_dir, version)
+
+    @classmethod
+    def for_tree(cls, package_dir: Path) -> RunnerSources:
+        """A vLLM source tree's or installed package's ``vllm/`` directory."""
+        return cls(package_dir, _tree_version(package_dir))
+
+    @property
+    def label(self) -> str:
+        """How messages name the target: ``vLLM 0.33.0`` or ``vLLM (this tree)``."""
+        return f"vLLM {self.version or '(this tree)'}"
+
+    def file_of(self, module: str) -> Path | None:
+        """The file ``module`` is read from (a package's ``__init__.py``), or None."""
+        if module in self.overrides:
+            return self.overrides[module]
+        parts = module.split(".")
+        if parts[0] != "vllm":
+            return None
+        base = self.package_dir.joinpath(*parts[1:])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return None
+
+    def has(self, module: str) -> bool:
+        return self.file_of(module) is not None
+
+    def path(self, module: str) -> Path:
+        """The file of ``module``; a one-line refusal naming it when absent."""
+        found = self.file_of(module)
+        if found is None:
+            shown = module.removeprefix("vllm.").replace(".", "/") + ".py"
+            raise TargetError(
+                f"runner lane: {self.label} has no {shown} ({module}), which the "
+                "runner lane needs"
+            )
+        return found
+
+    @property
+    def loader(self) -> ModuleLoader:
+        """This target's module loader (made on first use)."""
+        if self._loader is None:
+            self._loader = _LaneLoader(self, {**STAND_INS, **self.stand_ins})
+        return self._loader
+
+    def load_module(self, name: str, *, lenient: bool) -> types.ModuleType:
+        """``name`` executed from its file, strictly or statement by statement
+        (see the module docstring); the same module object on every call.
+
+        A module already loaded in the other mode, or already made an inert
+        stub because something imported it first, is refused: the caller
+        would not get what it asked for.
+        """
+        self.path(name)  # absent: one line naming it
+        loader = self.loader
+        mode = "lenient" if lenient else "strict"
+        found = loader._modules.get(name)
+        if found is not None:
+            had = _mode_of(loader, name)
+            if had != mode:
+                raise TargetError(
+                    f"runner lane: {self.label}'s {name} was already loaded "
+                    f"{had}, not {mode}"
+                )
+            return found
+        if lenient:
+            loader.lenient = loader.lenient | {name}
+        else:
+            loader.executed = loader.executed | {name}
+        return loader.module(name)
+
+
+def _mode_of(loader: ModuleLoader, name: str) -> str:
+    if name in loader.executed:
+        return "strict"
+    if name in loader.lenient:
+        return "lenient"
+    return "as an inert stub"
+
+
+class _LaneLoader(ModuleLoader):
+    """The shim's loader with two additions for the lane: a package's own
+    module is its ``__init__.py`` (the engine's ``vllm.v1.engine``), and every
+    file it executes counts as vLLM's for :mod:`~dpsim.lanes.runner.where`."""
+
+    def __init__(
+        self, sources: RunnerSources, stand_ins: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        super().__init__(
+            sources.package_dir,
+            overrides=sources.overrides,
+            stand_ins=stand_ins,
+            executed=frozenset(),
+            lenient=frozenset(),
+        )
+        self._sources = sources
+
+    def source_path(self, name: str) -> Path | None:
+        return self._sources.file_of(name)
+
+    def _execute(self, name: str, path: Path, *, lenient: bool) -> types.ModuleType:
+        where.register_file(path)
+        module = super()._execute(name, path, lenient=lenient)
+        if path.name == "__init__.py" and not lenient:
+            # A strictly executed package is a plain module: its submodules
+            # are found as the shim finds them (a lenient one is a ShimModule,
+            # which does this itself). Other missing names stay missing.
+            module.__dict__.setdefault("__path__", [])
+            module.__dict__.setdefault("__getattr__", self._submodule_of(name))
+        return module
+
+    def _submodule_of(self, package: str) -> Any:
+        def submodule(attribute: str) -> types.ModuleType:
+            full = f"{package}.{attribute}"
+            if not self._is_module(full):
+                raise AttributeError(
+                    f"module {package!r} has no attribute {attribute!r}"
+                )
+            return self.module(full)
+
+        return submodule

@@ -1,0 +1,139 @@
+"""RunnerSources: which files the runner lane reads, and loading them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner import where
+from dpsim.lanes.runner.sources import (
+    RUNNER_LANE_MODULES,
+    RunnerSources,
+    check_runner_lane_release,
+    wheel_prefixes,
+)
+from dpsim.targets import cache as cache_module
+from dpsim.targets.spec import ReleaseSpec, TargetSpec, TreeSpec
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A hand-written miniature ``vllm/`` (not vLLM's text)."""
+    package = tmp_path / "vllm"
+    files = {
+        "_version.py": "__version__ = version = '9.8.7'\n",
+        "v1/engine/__init__.py": "from enum import Enum\n\n\nclass Kind(Enum):\n    ADD = 1\n",
+        "v1/engine/core.py": (
+            "from vllm.v1.engine import Kind\n\n\ndef kind():\n    return Kind.ADD\n"
+        ),
+        "v1/outputs.py": (
+            "import msgspec_missing_here\nfrom vllm.v1.engine import Kind\n"
+            "EMPTY = ()\nBROKEN = undefined_name\n"
+        ),
+    }
+    for relative, text in files.items():
+        path = package / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return package
+
+
+def test_wheel_prefixes_cover_files_packages_and_subtrees() -> None:
+    prefixes = wheel_prefixes(("vllm.v1.engine", "vllm.v1.worker.gpu.spec_decode.*"))
+    assert prefixes == (
+        "vllm/v1/engine.py",
+        "vllm/v1/engine/__init__.py",
+        "vllm/v1/worker/gpu/spec_decode/",
+    )
+    assert "vllm/v1/engine/core.py" in wheel_prefixes(RUNNER_LANE_MODULES)
+
+
+def test_has_and_path_and_the_refusal_for_a_missing_module(tree: Path) -> None:
+    sources = RunnerSources.for_tree(tree)
+    assert sources.version == "9.8.7"
+    assert sources.has("vllm.v1.engine.core")
+    assert sources.path("vllm.v1.engine") == tree / "v1/engine/__init__.py"
+    assert not sources.has("vllm.v1.worker.gpu_worker")
+    with pytest.raises(TargetError) as refused:
+        sources.path("vllm.v1.worker.gpu_worker")
+    assert str(refused.value) == (
+        "runner lane: vLLM 9.8.7 has no v1/worker/gpu_worker.py "
+        "(vllm.v1.worker.gpu_worker), which the runner lane needs"
+    )
+
+
+def test_a_strict_load_runs_the_file_and_registers_it_as_vllm(tree: Path) -> None:
+    sources = RunnerSources.for_tree(tree)
+    engine = sources.load_module("vllm.v1.engine", lenient=False)
+    core = sources.load_module("vllm.v1.engine.core", lenient=False)
+    assert core.kind() is engine.Kind.ADD
+    assert sources.load_module("vllm.v1.engine.core", lenient=False) is core
+    assert engine.core is core  # a strict package finds its submodules
+    assert where.is_vllm_file(str(tree / "v1/engine/core.py"))
+
+
+def test_a_strict_load_that_fails_is_one_line(tree: Path) -> None:
+    with pytest.raises(TargetError, match=r"v1/outputs\.py:4: executing it failed"):
+        RunnerSources.for_tree(tree).load_module("vllm.v1.outputs", lenient=False)
+
+
+def test_a_lenient_load_leaves_failed_names_inert(tree: Path) -> None:
+    outputs = RunnerSources.for_tree(tree).load_module("vllm.v1.outputs", lenient=True)
+    assert outputs.EMPTY == ()
+    assert repr(outputs.BROKEN) == "<inert stub vllm.v1.outputs.BROKEN>"
+
+
+def test_a_module_loaded_in_another_mode_is_refused(tree: Path) -> None:
+    sources = RunnerSources.for_tree(tree)
+    sources.load_module("vllm.v1.engine.core", lenient=True)
+    with pytest.raises(TargetError, match="already loaded lenient, not strict"):
+        sources.load_module("vllm.v1.engine.core", lenient=False)
+    # Imported first by the core: an inert stub already, not the file.
+    sources.loader.module("vllm.v1.engine")
+    with pytest.raises(TargetError, match="already loaded as an inert stub"):
+        sources.load_module("vllm.v1.engine", lenient=False)
+
+
+def test_the_target_file_replaces_the_sync_file(tree: Path, tmp_path: Path) -> None:
+    mine = tmp_path / "my_dp_utils.py"
+    mine.write_text("X = 1\n")
+    spec = TargetSpec(TreeSpec(tree), dp_utils_file=mine)
+    sources = RunnerSources.for_spec(spec)
+    assert sources.path("vllm.v1.worker.gpu.dp_utils") == mine
+
+
+def test_the_v1_runner_and_old_releases_are_refused_before_any_fetch() -> None:
+    with pytest.raises(TargetError, match="V2 model runner only, not the V1 runner"):
+        RunnerSources.for_spec(TargetSpec(ReleaseSpec("0.33.0"), runner="v1"))
+    with pytest.raises(TargetError) as refused:
+        check_runner_lane_release("0.28.0")
+    assert str(refused.value) == (
+        "runner lane: vllm 0.28.0 is older than the runner lane supports "
+        "(0.29.0 and later); refused without fetching it"
+    )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.29.0", "0.33.0"])
+def test_a_release_keeps_the_runner_lane_files(version: str) -> None:
+    sources = RunnerSources.for_release(version)
+    manifest = json.loads(
+        (cache_module.release_dir(version) / cache_module.MANIFEST).read_text()
+    )
+    assert set(wheel_prefixes()) <= set(manifest["wanted"])
+    for module in (
+        "vllm.v1.engine.core",
+        "vllm.v1.engine",
+        "vllm.v1.worker.gpu_worker",
+        "vllm.v1.worker.gpu.model_runner",
+        "vllm.v1.core.sched.output",
+        "vllm.v1.outputs",
+        "vllm.config.parallel",
+        "vllm.forward_context",
+    ):
+        assert sources.has(module), module
+    renamed = "vllm.v1.worker.gpu.spec_decode.target_dependent_ar.speculator"
+    assert sources.has(renamed) == (version == "0.33.0")
