@@ -456,3 +456,42 @@ def test_a_wheel_with_only_the_v1_runners_sync_is_cached(
     package = ensure_release(VERSION, runner="v1")
     assert (package / "v1/worker/dp_utils.py").is_file()
     assert cached_releases() == [VERSION]
+
+
+# -- the runner lane's extra files --------------------------------------------------
+
+LANE_FILE = "vllm/v1/engine/core.py"
+
+
+def _with_lane_file(downloads: Downloads) -> None:
+    with zipfile.ZipFile(downloads.wheel, "a") as archive:
+        archive.writestr(LANE_FILE, "LOOP = 1\n")
+
+
+def test_the_sync_lane_does_not_keep_the_runner_lanes_files(
+    entry: Path, downloads: Downloads
+) -> None:
+    _with_lane_file(downloads)
+    refetched = cache_module.refetch_release(VERSION)
+    assert not (refetched / "v1/engine/core.py").exists()
+
+
+def test_an_entry_is_fetched_again_once_for_extra_files_keeping_what_it_held(
+    entry: Path, downloads: Downloads, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _with_lane_file(downloads)
+    capsys.readouterr()
+    package = ensure_release(VERSION, extra=(LANE_FILE,))
+    assert (package / "v1/engine/core.py").read_text() == "LOOP = 1\n"
+    assert capsys.readouterr().err.splitlines() == [
+        f"dpsim: fetching vllm {VERSION} again (a ~300 MB wheel, once): its cache "
+        "entry predates dpsim's runner lane and lacks the runner lane's files"
+    ]
+    assert downloads.calls == [VERSION, VERSION]
+    manifest = json.loads((entry / MANIFEST).read_text())
+    assert set(cache_module.WANTED) | {LANE_FILE} <= set(manifest["wanted"])
+    ensure_release(VERSION, extra=(LANE_FILE,))
+    ensure_release(VERSION, runner="v1")  # the V1 files were kept
+    cache_module.refetch_release(VERSION)  # a repair keeps the lane's files
+    assert (package / "v1/engine/core.py").is_file()
+    assert downloads.calls == [VERSION, VERSION, VERSION]
