@@ -1,0 +1,234 @@
+"""Run a runner-lane case: every rank's real engine loop, worker, model runner
+and speculator on the simulator, and the trace they leave.
+
+Per rank, :func:`run_runner_case` builds the modelled scheduler over the
+rank's request stream, the speculator the options select, the worker (the
+real ``Worker`` over the real ``GPUModelRunner``) and the real
+``DPEngineCoreProc`` with its input mailbox, all sharing one coordinator
+model; the rank's sync recorder (:func:`~dpsim.lanes.runner.syncs.recording_sync`)
+is what the runner's and the speculator's ``dispatch_cg_and_sync_dp`` is. It
+then simulates the ranks with the engines' own DP group (``engine_dp``)
+declared beside the default groups, the coordinator delivering shutdowns when
+every engine is idle. This module judges nothing; properties judge the trace.
+
+Everything runs inside :func:`~dpsim.lanes.runner.strict.collect_gaps`: a
+stand-in asked something it was not written for logs a gap, and any gap
+refuses the run (:class:`~dpsim.errors.TargetError`, one line naming the
+first) whatever vLLM did with the exception, so a case the lane cannot model
+never gets a verdict. The result carries, for every rank that did not finish,
+the vLLM stack it stood at when the run ended (innermost first), which
+reports print beside a verdict.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dpsim import allowances
+from dpsim.errors import TargetError
+from dpsim.records.groups import ENGINE_DP_GROUP
+from dpsim.records.trace import SimResult
+from dpsim.sim import simulate
+from dpsim.sim.mailbox import Mailbox, Quiescence
+from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET
+from dpsim.targets.load import Target
+from dpsim.targets.spec import TargetSpec
+from dpsim.terminal import printable
+
+from .case import RunnerCase
+from .strict import collect_gaps
+from .syncs import Phases, recording_sync
+from .where import vllm_stack
+
+#: The mailbox an engine's input queue reads, as a parked rank's trace names it.
+INPUT_MAILBOX = "input queue"
+#: Ticks plus collectives a rank may take: a real engine loop with the shim's
+#: ticks in every vLLM loop takes far more than a scenario's program does.
+RUNNER_STEP_BUDGET = 50 * DEFAULT_STEP_BUDGET
+
+
+@dataclass(frozen=True)
+class Builders:
+    """How a run builds each rank's parts: the lane's own modules by default
+    (:func:`default_builders`); tests put small fakes in their place."""
+
+    sources: Callable[[Target], Any]
+    scheduler: Callable[..., Any]
+    speculator: Callable[..., Any]
+    worker: Callable[..., Any]
+    engine: Callable[..., Any]
+    run_engine: Callable[[Any], None]
+    coordinator: Callable[[Any, Sequence[Mailbox]], Any]
+
+
+def default_builders() -> Builders:
+    """The lane's parts: C's scheduler, E's speculators, D's worker, B's
+    engine and coordinator, A's sources."""
+    from .engine import build_engine, coordinator_for, run_engine
+    from .scheduler import ModelledScheduler
+    from .speculators import build_speculator
+    from .worker import build_worker
+
+    return Builders(
+        sources=sources_for,
+        scheduler=ModelledScheduler,
+        speculator=build_speculator,
+        worker=build_worker,
+        engine=build_engine,
+        run_engine=run_engine,
+        coordinator=coordinator_for,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _sources_of(spec: TargetSpec) -> Any:
+    from .sources import RunnerSources
+
+    return RunnerSources.for_spec(spec)
+
+
+def sources_for(target: Target) -> Any:
+    """The target's runner-lane sources, made once per target spec: the
+    classes the parts rebuild from them are cached on them, and a campaign
+    runs thousands of cases on one target."""
+    return _sources_of(target.spec)
+
+
+@dataclass(frozen=True)
+class RunnerResult:
+    """A runner-lane run: the simulator's trace and where each rank stood."""
+
+    result: SimResult
+    #: Per rank, the vLLM stack (innermost first, "file:line in function")
+    #: it stood at when the run ended; empty for a rank that finished.
+    stood_at: tuple[tuple[str, ...], ...] = field(default=())
+
+    def where(self, rank: int) -> str | None:
+        """The innermost vLLM line rank ``rank`` stood at, if it stood in vLLM."""
+        stack = self.stood_at[rank] if rank < len(self.stood_at) else ()
+        return stack[0] if stack else None
+
+
+def run_runner_case(
+    target: Target,
+    case: RunnerCase,
+    *,
+    builders: Builders | None = None,
+    step_budget: int = RUNNER_STEP_BUDGET,
+) -> RunnerResult:
+    """Simulate ``case`` on ``target`` through the release's real callers.
+
+    Raises :class:`TargetError` when the lane cannot drive the target (a
+    part refuses the release, or any stand-in was asked what it does not
+    know): never a verdict on a run the lane could not model.
+    """
+    if target.runner != "v2":
+        raise TargetError(
+            f"runner lane: drives the V2 model runner; {target.label} is the "
+            f"{target.runner.upper()} runner's (issue 17)"
+        )
+    parts = builders or default_builders()
+    allowances.case_started()
+    dp_size = case.dp_size
+    stood: dict[int, tuple[str, ...]] = {}
+    with collect_gaps() as gaps, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(case.seed)
+        try:
+            programs, on_quiescent = _programs(target, case, parts, stood)
+            result = simulate(
+                programs,
+                ranks=dp_size,
+                groups={ENGINE_DP_GROUP: tuple(range(dp_size))},
+                step_budget=step_budget,
+                on_quiescent=on_quiescent,
+            )
+        except TargetError as refused:
+            raise TargetError(_refusal(target, str(refused), gaps)) from None
+    if gaps:
+        raise TargetError(_refusal(target, gaps[0], gaps))
+    for trace in result.ranks:
+        if trace.error is not None and trace.error.type in _REFUSALS:
+            # A part refused the release from inside a rank's program.
+            raise TargetError(_refusal(target, trace.error.message, gaps))
+    return RunnerResult(result, tuple(stood.get(rank, ()) for rank in range(dp_size)))
+
+
+#: Exceptions that, raised in a rank, mean the lane could not drive vLLM.
+_REFUSALS = frozenset({"TargetError", "ModelGap"})
+
+
+def _refusal(target: Target, first: str, gaps: Sequence[str]) -> str:
+    more = len(gaps) - 1 if gaps and gaps[0] == first else len(gaps)
+    tail = f" (and {more} more gaps)" if more > 0 else ""
+    text = first.removeprefix("runner lane: ")
+    return printable(f"runner lane cannot drive {target.label}: {text}{tail}")
+
+
+def _programs(
+    target: Target,
+    case: RunnerCase,
+    parts: Builders,
+    stood: dict[int, tuple[str, ...]],
+) -> tuple[list[Callable[[int], Any]], Callable[[Quiescence], bool]]:
+    """One program per rank (each rank's parts built before the run starts),
+    and the run's quiescence callback, which also notes where ranks stood."""
+    sources = parts.sources(target)
+    options = case.options
+    policy = case.policy
+    dp_size = case.dp_size
+    real_sync = _real_sync(target)
+    mailboxes = [Mailbox(rank, INPUT_MAILBOX) for rank in range(dp_size)]
+    coordinator = parts.coordinator(sources, mailboxes)
+    engines = []
+    for rank, stream in enumerate(case.streams):
+        # One recorder per rank, shared by its runner and its speculator:
+        # it numbers that rank's forward steps.
+        sync = recording_sync(target, real_sync, Phases())
+        speculator = parts.speculator(
+            sources, options, policy, rank, dp_size, sync=sync
+        )
+        worker = parts.worker(
+            sources, options, policy, rank, dp_size, speculator=speculator, sync=sync
+        )
+        scheduler = parts.scheduler(stream, options, sources)
+        engines.append(
+            parts.engine(
+                sources,
+                options,
+                scheduler,
+                worker,
+                rank,
+                dp_size,
+                mailboxes[rank],
+                coordinator,
+                stream=stream,
+            )
+        )
+
+    def program(rank: int) -> None:
+        parts.run_engine(engines[rank])
+
+    def on_quiescent(now: Quiescence) -> bool:
+        if coordinator.on_quiescent(now):
+            return True
+        for rank in now.blocked:
+            stood[rank] = vllm_stack(now.frame(rank))
+        return False
+
+    return [program] * dp_size, on_quiescent
+
+
+def _real_sync(target: Target) -> Callable[..., Any]:
+    """The release's real ``dispatch_cg_and_sync_dp``, as the sync lane loaded it."""
+    api = target.api
+    if api.entry != "dispatch_cg_and_sync_dp":
+        raise TargetError(
+            f"runner lane: {target.label}'s dp_utils has no dispatch_cg_and_sync_dp "
+            f"(it has {api.entry}), which the V2 runner lane's callers call"
+        )
+    return api._sync  # type: ignore[attr-defined]

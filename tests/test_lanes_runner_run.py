@@ -1,0 +1,163 @@
+"""run_runner_case: builds every rank's parts, simulates, refuses on any gap.
+
+The fast tests put tiny fakes (written here, not vLLM's) in place of the
+lane's parts: an "engine" whose loop is compiled under a model runner's file
+name, so the sync recorder and the where-registry see it as they see vLLM.
+The release-marked test runs a real 0.33.0 case end to end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner.case import RunnerCase
+from dpsim.lanes.runner.run import Builders, RunnerResult, run_runner_case
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
+from dpsim.lanes.runner.strict import standin
+from dpsim.lanes.runner.where import register_file
+from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
+from dpsim.records.policy import CapturePolicy
+from dpsim.records.sync import sync_records
+from dpsim.records.trace import Outcome
+from dpsim.sim.mailbox import Mailbox, Quiescence
+
+POLICY = CapturePolicy(capture_sizes=(1, 2, 4, 8))
+OPTIONS = EngineOptions()
+
+_LOOP = """
+def busy_loop(engine):
+    for step in range(engine.steps):
+        engine.sync(None, 1, engine.tokens, None, engine.dp_size, engine.rank,
+                    need_eager=True)
+    engine.ask()
+    return engine.mailbox.get()
+"""
+
+
+class _Coordinator:
+    """Shuts every parked engine down once, as the lane's coordinator does."""
+
+    def __init__(self, mailboxes: Sequence[Mailbox]) -> None:
+        self.mailboxes = mailboxes
+        self.done = False
+
+    def on_quiescent(self, now: Quiescence) -> bool:
+        if self.done or set(now.parked) != set(now.blocked):
+            return False
+        self.done = True
+        for rank in now.parked:
+            self.mailboxes[rank].put("shutdown")
+        return True
+
+
+def _builders(
+    tmp_path: Path,
+    steps: Callable[[int], int],
+    ask: Callable[[], Any] = lambda: None,
+) -> Builders:
+    path = tmp_path / "vllm" / "v1" / "worker" / "gpu" / "model_runner.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(_LOOP)
+    register_file(path)
+    namespace: dict[str, Any] = {}
+    exec(compile(_LOOP, str(path), "exec"), namespace)
+
+    def engine(
+        sources: Any,
+        options: Any,
+        scheduler: Any,
+        worker: Any,
+        rank: int,
+        dp_size: int,
+        mailbox: Mailbox,
+        coordinator: Any,
+        stream: Any = None,
+    ) -> Any:
+        return standin(
+            "Engine",
+            steps=steps(rank),
+            tokens=len(stream.requests) + 1,
+            sync=worker.sync,
+            rank=rank,
+            dp_size=dp_size,
+            mailbox=mailbox,
+            ask=ask,
+        )
+
+    return Builders(
+        sources=lambda target: None,
+        scheduler=lambda stream, options, sources: None,
+        speculator=lambda *args, sync: None,
+        worker=lambda *args, speculator, sync: standin("Worker", sync=sync),
+        engine=engine,
+        run_engine=lambda engine: namespace["busy_loop"](engine),
+        coordinator=lambda sources, mailboxes: _Coordinator(mailboxes),
+    )
+
+
+def _case(dp_size: int = 2) -> RunnerCase:
+    streams = [RankStream()] * dp_size
+    streams[0] = RankStream((RequestScript("a", 0, 4, 2),))
+    return RunnerCase(POLICY, OPTIONS, tuple(streams), seed=3)
+
+
+def _run(release: Callable[[str], Any], builders: Builders) -> RunnerResult:
+    return run_runner_case(release("0.33.0"), _case(), builders=builders)
+
+
+@pytest.mark.release
+def test_every_rank_runs_and_its_syncs_are_recorded(
+    release: Callable[[str], Any], tmp_path: Path
+) -> None:
+    run = _run(release, _builders(tmp_path, lambda rank: 2))
+    result = run.result
+    assert result.outcome == Outcome.OK
+    phases = [[r.phase for r in sync_records(t.events)] for t in result.ranks]
+    assert phases == [["iter 1 model", "iter 2 model"]] * 2
+    assert run.stood_at == ((), ())
+    assert judge(_case(), result, RUNNER_LANE_PROPERTIES.values()) == []
+    # engine_dp is declared beside the default groups.
+    assert "engine_dp" in dict(result.groups)
+
+
+@pytest.mark.release
+def test_a_hang_says_where_each_rank_stood_in_vllm(
+    release: Callable[[str], Any], tmp_path: Path
+) -> None:
+    run = _run(release, _builders(tmp_path, lambda rank: 2 if rank == 0 else 1))
+    assert run.result.outcome == Outcome.HANG
+    where = run.where(0)
+    assert where is not None and where.startswith("v1/worker/gpu/model_runner.py:")
+    assert where.endswith("in busy_loop")
+    verdicts = judge(_case(), run.result, RUNNER_LANE_PROPERTIES.values())
+    assert [v.property for v in verdicts][:1] == ["no-hang"]
+
+
+@pytest.mark.release
+def test_a_gap_refuses_the_run_even_when_swallowed(
+    release: Callable[[str], Any], tmp_path: Path
+) -> None:
+    def ask() -> None:
+        # A stand-in asked something unknown, the exception swallowed (as
+        # vLLM's `except Exception` or getattr(x, n, default) would).
+        with contextlib.suppress(Exception):
+            standin("Scheduler").pause_state  # noqa: B018
+
+    with pytest.raises(TargetError) as refused:
+        _run(release, _builders(tmp_path, lambda rank: 1, ask))
+    text = str(refused.value)
+    assert text.startswith("runner lane cannot drive vllm 0.33.0: ")
+    assert "Scheduler.pause_state" in text and "\n" not in text
+
+
+@pytest.mark.release
+def test_a_v1_target_is_refused(release: Callable[..., Any]) -> None:
+    v1 = release("0.33.0", runner="v1")
+    with pytest.raises(TargetError, match="drives the V2 model runner"):
+        run_runner_case(v1, _case())
