@@ -1,0 +1,447 @@
+"""The runner lane's engine: vLLM's real DP engine loop per virtual rank, its
+stand-ins (executor, input/output queues) and the DP coordinator model.
+
+Fast tests exercise the stand-ins and the coordinator model on their own;
+release tests (0.29.0 and 0.33.0) run the real ``DPEngineCoreProc`` busy loop
+with C's modelled scheduler and a tiny fake worker that records its calls and
+makes the model runner's DP all-reduce on ``dp_cpu``.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner import engine as engine_module
+from dpsim.lanes.runner.coordinator import (
+    REQUEST_TYPES,
+    Coordinator,
+    EngineCoreOutputs,
+    front_end_wakes_engines,
+)
+from dpsim.lanes.runner.engine import (
+    Arrivals,
+    Executor,
+    InputQueue,
+    build_engine,
+    coordinator_for,
+    run_engine,
+)
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
+from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
+from dpsim.records.groups import DP_CPU_GROUP, ENGINE_DP_GROUP
+from dpsim.records.trace import Outcome, RankState, SimResult
+from dpsim.sim import current_world, simulate
+from dpsim.sim.mailbox import Mailbox
+from dpsim.targets import runtime
+
+# -- the coordinator model ------------------------------------------------------
+
+
+def _drain(box: Mailbox) -> list[Any]:
+    got = []
+    while not box.empty():
+        got.append(box.get_nowait())
+    return got
+
+
+def test_an_engines_start_wave_is_broadcast_naming_it() -> None:
+    boxes = [Mailbox(rank) for rank in range(3)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+
+    coordinator.output(1, (-1, EngineCoreOutputs(start_wave=0)))
+
+    for box in boxes:
+        assert _drain(box) == [(REQUEST_TYPES.START_DP_WAVE, (0, 1))]
+    assert coordinator.engines_running and coordinator.current_wave == 0
+    # The same wave again while running: nothing new to start.
+    coordinator.output(2, (-1, EngineCoreOutputs(start_wave=0)))
+    assert all(box.empty() for box in boxes)
+
+
+def test_wave_complete_moves_the_wave_and_requests_carry_it() -> None:
+    boxes = [Mailbox(rank) for rank in range(2)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+    coordinator.output(0, (-1, EngineCoreOutputs(start_wave=0)))
+    _drain(boxes[0]), _drain(boxes[1])
+
+    coordinator.output(0, (-1, EngineCoreOutputs(wave_complete=0)))
+    coordinator.send_request(1, "req")
+
+    assert coordinator.current_wave == 1 and not coordinator.engines_running
+    # 0.30+: the front-end only sends; the engine starts the wave itself.
+    assert _drain(boxes[1]) == [(REQUEST_TYPES.ADD, ("req", 1))]
+    assert boxes[0].empty()
+    assert coordinator.log == [("start", 0, 0), ("complete", 0, 0)]
+
+
+def test_a_front_end_that_wakes_engines_broadcasts_once_per_pause() -> None:
+    boxes = [Mailbox(rank) for rank in range(2)]
+    coordinator = Coordinator(boxes, front_end_wakes=True)
+
+    coordinator.send_request(0, "a")
+    coordinator.send_request(0, "b")
+
+    assert _drain(boxes[0]) == [
+        (REQUEST_TYPES.ADD, ("a", 0)),
+        (REQUEST_TYPES.START_DP_WAVE, (0, 0)),
+        (REQUEST_TYPES.ADD, ("b", 0)),
+    ]
+    assert _drain(boxes[1]) == [(REQUEST_TYPES.START_DP_WAVE, (0, 0))]
+
+
+def test_per_request_outputs_are_not_the_coordinators() -> None:
+    boxes = [Mailbox(0)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+    coordinator.output(0, (0, EngineCoreOutputs(wave_complete=3)))
+    assert coordinator.current_wave == 0 and coordinator.log == []
+
+
+def test_engine_core_outputs_with_an_unknown_field_is_a_gap() -> None:
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        EngineCoreOutputs(wave_complete=1, finished_requests={"r"})
+    assert gaps and gaps[0].startswith("EngineCoreOutputs(finished_requests=...) made")
+    made = EngineCoreOutputs(start_wave=2)
+    assert (made.start_wave, made.wave_complete, made.engine_index) == (2, None, 0)
+
+
+def test_request_types_the_model_does_not_know_are_gaps() -> None:
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        _ = REQUEST_TYPES.SCALE_ELASTIC_EP
+    assert gaps == [
+        "EngineCoreRequestType.SCALE_ELASTIC_EP read at (no vLLM frame on the stack)"
+    ]
+
+
+def _quiesce(coordinator: Coordinator, programs: Any, ranks: int) -> list[str]:
+    shut: list[str] = []
+    for rank in range(ranks):
+        coordinator.attach(rank, lambda rank=rank: shut.append(f"shutdown {rank}"))
+    result = simulate(programs, ranks=ranks, on_quiescent=coordinator.on_quiescent)
+    shut.append(result.outcome.value)
+    return shut
+
+
+def test_end_of_input_shuts_down_every_parked_engine_once() -> None:
+    boxes = [Mailbox(rank) for rank in range(2)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+
+    def program(rank: int) -> Any:
+        return boxes[rank].get()
+
+    assert _quiesce(coordinator, program, 2) == ["shutdown 0", "shutdown 1", "ok"]
+
+
+def test_an_engine_parked_again_after_shutdown_is_left_where_it_stands() -> None:
+    boxes = [Mailbox(0)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+
+    def program(rank: int) -> None:
+        while True:  # an engine that ignores its shutdown
+            boxes[rank].get()
+
+    assert _quiesce(coordinator, program, 1) == ["shutdown 0", "hang"]
+
+
+def test_no_shutdown_while_a_rank_waits_in_a_collective() -> None:
+    boxes = [Mailbox(rank) for rank in range(2)]
+    coordinator = Coordinator(boxes, front_end_wakes=False)
+
+    def program(rank: int) -> None:
+        if rank == 0:
+            runtime.DIST_PROXY.all_reduce(
+                torch.tensor([1]), group=current_world().group(DP_CPU_GROUP)
+            )
+        else:
+            boxes[rank].get()
+
+    assert _quiesce(coordinator, program, 2) == ["hang"]
+
+
+def test_who_starts_waves_is_read_from_the_coordinator_file(tmp_path: Path) -> None:
+    def coordinator_file(calls: int) -> Path:
+        path = tmp_path / f"coordinator{calls}.py"
+        body = "".join("        self._send_start_wave(s, w, e)\n" for _ in range(calls))
+        path.write_text(f"class C:\n    def run(self):\n        pass\n{body}")
+        return path
+
+    assert front_end_wakes_engines(coordinator_file(2), "9.9.9")
+    assert not front_end_wakes_engines(coordinator_file(1), "9.9.9")
+    with pytest.raises(TargetError, match="sends START_DP_WAVE from 0 places"):
+        front_end_wakes_engines(coordinator_file(0), "9.9.9")
+
+
+# -- the stand-ins ----------------------------------------------------------------
+
+
+class _Output:
+    def __init__(self, value: str) -> None:
+        self.value = value
+        self.resolved = 0
+
+    def get_output(self) -> str:
+        self.resolved += 1
+        return self.value
+
+
+def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
+    async_output = _Output("sampled")
+    worker = standin(
+        "Worker",
+        execute_model=lambda so: None,
+        sample_tokens=lambda grammar: async_output,
+    )
+    executor = Executor(worker)  # type: ignore[arg-type]
+
+    future = executor.execute_model("so", non_block=True)
+    assert future.done() and future.result() is None
+    sampled = executor.sample_tokens(None, non_block=True)
+    assert async_output.resolved == 0  # resolved when asked, as AsyncOutputFuture
+    assert sampled.result() == "sampled" and sampled.result() == "sampled"
+    assert async_output.resolved == 1
+    assert executor.sample_tokens(None) == "sampled"
+    assert executor.is_sleeping is False
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        executor.check_health()  # type: ignore[attr-defined]
+    assert gaps == ["Executor.check_health read at (no vLLM frame on the stack)"]
+
+
+def test_input_queue_polls_refuses_a_timeout_and_fast_forwards() -> None:
+    box = Mailbox(0)
+    sent: list[tuple[int, str]] = []
+
+    def send_request(rank: int, request: Any) -> None:
+        sent.append((rank, request.request_id))
+        box.put(request.request_id)
+
+    coordinator = standin("Coordinator", send_request=send_request)
+    arrivals = Arrivals(
+        0,
+        [RequestScript("a", 2, 4, 1), RequestScript("b", 2, 4, 1)]
+        + [RequestScript("c", 4, 4, 1)],
+        coordinator,  # type: ignore[arg-type]
+    )
+    inputs = InputQueue(box, arrivals)
+
+    arrivals.start_iteration()  # iteration 0: nothing due
+    assert inputs.empty() and sent == []
+    with pytest.raises(queue.Empty):
+        inputs.get_nowait()
+    with pytest.raises(TargetError, match="no clock"):
+        inputs.get(timeout=1.0)
+    # Blocking with nothing queued but arrivals to come: time fast-forwards
+    # to iteration 2, and both requests due then are sent.
+    box.put("already")
+    assert inputs.get() == "already"
+    assert inputs.get(block=False) == "a"
+    assert sent == [(0, "a"), (0, "b")] and inputs.get_nowait() == "b"
+    # c keeps its spacing: two iterations after the fast-forwarded 2.
+    arrivals.start_iteration()
+    assert sent == [(0, "a"), (0, "b")]
+    arrivals.start_iteration()
+    assert sent[-1] == (0, "c") and not arrivals.pending()
+    assert inputs.get_nowait() == "c"
+    with pytest.raises(queue.Empty):
+        inputs.get(block=False)
+
+
+# -- the real engine loop (releases) ------------------------------------------------
+
+
+class FakeWorker:
+    """Records the calls the executor makes; a model step and a dummy batch make
+    the model runner's DP all-reduce on ``dp_cpu`` (a step with no tokens
+    returns early before it, as the real runner does)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def _sync(self, tokens: int) -> None:
+        tensor = torch.tensor([tokens])
+        runtime.DIST_PROXY.all_reduce(tensor, group=current_world().group(DP_CPU_GROUP))
+
+    def execute_model(self, scheduler_output: Any) -> Any:
+        tokens = scheduler_output.total_num_scheduled_tokens
+        self.calls.append(f"execute_model {tokens}")
+        if tokens == 0:
+            return standin("ModelRunnerOutput")
+        self._sync(tokens)
+        return None
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        self.calls.append("sample_tokens")
+        return standin("ModelRunnerOutput")
+
+    def execute_dummy_batch(self) -> None:
+        self.calls.append("dummy")
+        self._sync(0)
+
+    def take_draft_token_ids(self) -> Any:
+        return None
+
+
+def _sources(version: str, core: Path | None = None) -> Any:
+    from dpsim.lanes.runner.sources import RunnerSources
+
+    sources = RunnerSources.for_release(version)
+    if core is not None:
+        sources.overrides[engine_module.ENGINE_CORE_MODULE] = core
+    return sources
+
+
+def _run(
+    sources: Any,
+    options: EngineOptions,
+    streams: list[RankStream],
+    scheduler: Any = None,
+) -> tuple[SimResult, list[FakeWorker], list[str], Coordinator, list[int]]:
+    from dpsim.lanes.runner.scheduler import ModelledScheduler
+
+    ranks = len(streams)
+    boxes = [Mailbox(rank, "engine input") for rank in range(ranks)]
+    coordinator = coordinator_for(sources, boxes)
+    workers = [FakeWorker() for _ in range(ranks)]
+    engines = [
+        build_engine(
+            sources,
+            options,
+            scheduler or ModelledScheduler(stream, options, sources),
+            worker,
+            rank,
+            ranks,
+            boxes[rank],
+            coordinator,
+            stream=stream,
+        )
+        for rank, (stream, worker) in enumerate(zip(streams, workers, strict=True))
+    ]
+    iterations: list[int] = []
+
+    def program(rank: int) -> None:
+        run_engine(engines[rank])
+        iterations.append(engines[rank]._dpsim_arrivals.iteration)
+
+    with collect_gaps() as gaps:
+        result = simulate(
+            program,
+            ranks=ranks,
+            groups={ENGINE_DP_GROUP: range(ranks)},
+            on_quiescent=coordinator.on_quiescent,
+        )
+    return result, workers, gaps, coordinator, iterations
+
+
+def _engine_dp(result: SimResult, rank: int) -> list[list[int]]:
+    return [
+        record.contribution
+        for record in result.ranks[rank].collectives
+        if record.group == ENGINE_DP_GROUP
+    ]
+
+
+ONE_REQUEST = [RankStream((RequestScript("r0", 0, 4, 3),)), RankStream(())]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("version", "interval", "syncs_at"),
+    [("0.33.0", 2, [1, 2, 4]), ("0.29.0", 2, [32])],
+)
+def test_an_idle_rank_runs_dummy_batches_until_the_wave_ends(
+    version: str, interval: int, syncs_at: list[int]
+) -> None:
+    options = EngineOptions(dp_sync_interval=interval)
+    result, workers, gaps, coordinator, _ = _run(
+        _sources(version), options, ONE_REQUEST
+    )
+
+    assert gaps == []
+    assert result.outcome is Outcome.OK
+    assert all(trace.state is RankState.FINISHED for trace in result.ranks)
+    busy, idle = workers
+    # Prefill (4 tokens), two decodes, then the finished request is reported
+    # with 0 tokens scheduled: that step runs no model, so a dummy batch does.
+    assert busy.calls[:7] == [
+        "execute_model 4",
+        "sample_tokens",
+        "execute_model 1",
+        "sample_tokens",
+        "execute_model 1",
+        "sample_tokens",
+        "execute_model 0",
+    ]
+    steps = syncs_at[-1]
+    assert set(busy.calls[7:]) == {"dummy"} and len(busy.calls) == 7 + steps - 3
+    assert idle.calls == ["dummy"] * steps
+    # The engines' unfinished-requests all-reduce: at the steps the release
+    # syncs at, rank 0 unfinished until its request is done, then the wave ends.
+    for rank in (0, 1):
+        assert len(_engine_dp(result, rank)) == len(syncs_at)
+    assert _engine_dp(result, 1)[-1] == [0, 0]
+    assert coordinator.log[-1] == ("complete", 0, 0)
+    assert coordinator.current_wave == 1 and not coordinator.engines_running
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+def test_an_engine_skipping_its_dummy_batch_hangs_its_peer(
+    version: str, tmp_path: Path
+) -> None:
+    sources = _sources(version)
+    core = sources.path(engine_module.ENGINE_CORE_MODULE)
+    text = core.read_text()
+    real = "elif not self.model_executor.is_sleeping:"
+    assert text.count(real) == 1
+    planted = tmp_path / "core.py"
+    # Planted bug: an engine with no local requests skips its dummy batch.
+    planted.write_text(
+        text.replace(
+            real, "elif local_unfinished_reqs and not self.model_executor.is_sleeping:"
+        )
+    )
+
+    result, workers, gaps, _, _ = _run(
+        _sources(version, core=planted), EngineOptions(), ONE_REQUEST
+    )
+
+    assert gaps == []
+    assert result.outcome is Outcome.HANG
+    busy, idle = (trace.waiting for trace in result.ranks)
+    assert busy is not None and busy.group == DP_CPU_GROUP and busy.missing == (1,)
+    assert idle is not None and idle.group == ENGINE_DP_GROUP
+    assert workers[1].calls == []
+
+
+@pytest.mark.release
+def test_an_arrival_on_an_idle_rank_starts_a_wave_that_wakes_the_other() -> None:
+    # Rank 1's request arrives after a first wave ended: engines start the
+    # next wave (0.33: the engine's start_wave through the coordinator).
+    streams = [
+        RankStream((RequestScript("a", 0, 2, 1),)),
+        RankStream((RequestScript("b", 9, 2, 1),)),
+    ]
+    result, workers, gaps, coordinator, _ = _run(
+        _sources("0.33.0"), EngineOptions(dp_sync_interval=1), streams
+    )
+
+    assert gaps == [] and result.outcome is Outcome.OK
+    assert ("start", 1, 1) in coordinator.log
+    assert coordinator.log[-1] == ("complete", 1, 0)
+    assert "dummy" in workers[0].calls and "execute_model 2" in workers[1].calls
+
+
+@pytest.mark.release
+def test_a_scheduler_asked_what_it_was_not_written_for_refuses() -> None:
+    scheduler = standin("Scheduler", has_requests=lambda: False)
+    _, _, gaps, _, _ = _run(
+        _sources("0.33.0"), EngineOptions(), [RankStream(())], scheduler=scheduler
+    )
+    assert gaps and gaps[0].startswith(
+        "Scheduler.has_unfinished_requests read at v1/engine/core.py:"
+    )
+    assert gaps[0].endswith("in run_busy_loop")
