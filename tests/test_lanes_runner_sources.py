@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,9 @@ def tree(tmp_path: Path) -> Path:
     package = tmp_path / "vllm"
     files = {
         "_version.py": "__version__ = version = '9.8.7'\n",
+        # Never executed here: the sync lane's target supplies these modules.
+        "v1/worker/gpu/cudagraph_utils.py": "raise SystemExit\n",
+        "config/compilation.py": "raise SystemExit\n",
         "v1/engine/__init__.py": "from enum import Enum\n\n\nclass Kind(Enum):\n    ADD = 1\n",
         "v1/engine/core.py": (
             "from vllm.v1.engine import Kind\n\n\ndef kind():\n    return Kind.ADD\n"
@@ -39,6 +44,17 @@ def tree(tmp_path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return package
+
+
+def _sources(tree: Path) -> RunnerSources:
+    """Sources of the miniature tree, with a stand-in for the sync lane's
+    target (the tree has no sync files to load one from)."""
+    modules = {
+        name: types.ModuleType(name)
+        for name in ("dp_utils", "cudagraph_utils", "compilation")
+    }
+    target: Any = types.SimpleNamespace(files=(), **modules)
+    return RunnerSources(tree, "9.8.7", loaded_target=target)
 
 
 def test_wheel_prefixes_cover_files_packages_and_subtrees() -> None:
@@ -66,7 +82,7 @@ def test_has_and_path_and_the_refusal_for_a_missing_module(tree: Path) -> None:
 
 
 def test_a_strict_load_runs_the_file_and_registers_it_as_vllm(tree: Path) -> None:
-    sources = RunnerSources.for_tree(tree)
+    sources = _sources(tree)
     engine = sources.load_module("vllm.v1.engine", lenient=False)
     core = sources.load_module("vllm.v1.engine.core", lenient=False)
     assert core.kind() is engine.Kind.ADD
@@ -77,17 +93,17 @@ def test_a_strict_load_runs_the_file_and_registers_it_as_vllm(tree: Path) -> Non
 
 def test_a_strict_load_that_fails_is_one_line(tree: Path) -> None:
     with pytest.raises(TargetError, match=r"v1/outputs\.py:4: executing it failed"):
-        RunnerSources.for_tree(tree).load_module("vllm.v1.outputs", lenient=False)
+        _sources(tree).load_module("vllm.v1.outputs", lenient=False)
 
 
 def test_a_lenient_load_leaves_failed_names_inert(tree: Path) -> None:
-    outputs = RunnerSources.for_tree(tree).load_module("vllm.v1.outputs", lenient=True)
+    outputs = _sources(tree).load_module("vllm.v1.outputs", lenient=True)
     assert outputs.EMPTY == ()
     assert repr(outputs.BROKEN) == "<inert stub vllm.v1.outputs.BROKEN>"
 
 
 def test_a_module_loaded_in_another_mode_is_refused(tree: Path) -> None:
-    sources = RunnerSources.for_tree(tree)
+    sources = _sources(tree)
     sources.load_module("vllm.v1.engine.core", lenient=True)
     with pytest.raises(TargetError, match="already loaded lenient, not strict"):
         sources.load_module("vllm.v1.engine.core", lenient=False)
@@ -95,6 +111,17 @@ def test_a_module_loaded_in_another_mode_is_refused(tree: Path) -> None:
     sources.loader.module("vllm.v1.engine")
     with pytest.raises(TargetError, match="already loaded as an inert stub"):
         sources.load_module("vllm.v1.engine", lenient=False)
+
+
+def test_the_loader_shares_the_sync_lanes_modules(tree: Path) -> None:
+    sources = _sources(tree)
+    shared = sources.load_module("vllm.v1.worker.gpu.cudagraph_utils", lenient=False)
+    assert shared is sources.target.cudagraph_utils
+    assert sources.loader.module("vllm.config.compilation") is (
+        sources.target.compilation
+    )
+    with pytest.raises(TargetError, match="already loaded lenient, not strict"):
+        sources.load_module("vllm.config.compilation", lenient=False)
 
 
 def test_the_target_file_replaces_the_sync_file(tree: Path, tmp_path: Path) -> None:

@@ -23,6 +23,13 @@ module's mode chosen by the caller:
   needed with :func:`~dpsim.lanes.runner.extract.real_class` using a lenient
   module's namespace only for the names that did load for real.
 
+The loader is seeded with the sync lane's :class:`~dpsim.targets.load.Target`
+of the same spec (:attr:`RunnerSources.target`): its ``dp_utils``,
+``cudagraph_utils`` and ``compilation`` modules ARE the lane's, so a class or
+enum member the lane's code compares (``CUDAGraphMode.FULL``,
+``CudaGraphManager`` subclasses) is the very object the sync lane's managers
+and adapters use. One sources object per run: share it between the parts.
+
 Either way, what the module imports from vLLM modules nobody loaded, and
 every third-party package but torch and numpy, is an inert stub (the shim's
 rule), and module-level state is shared by every virtual rank using the
@@ -40,11 +47,19 @@ from typing import Any
 from dpsim.errors import TargetError
 from dpsim.lanes.runner import where
 from dpsim.targets.cache import ensure_release
-from dpsim.targets.load import DP_UTILS_MODULE, _tree_version
-from dpsim.targets.shim import ModuleLoader
+from dpsim.targets.load import (
+    COMPILATION_MODULE,
+    CUDAGRAPH_MODULE,
+    DP_UTILS_MODULE,
+    Target,
+    _tree_version,
+    load_spec,
+)
+from dpsim.targets.shim import EXECUTED, ModuleLoader
 from dpsim.targets.spec import (
     ReleaseSpec,
     TargetSpec,
+    TreeSpec,
     _release_key,
     check_release,
 )
@@ -67,6 +82,9 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.gpu.spec_decode.*",
     "vllm.v1.worker.utils",
     "vllm.v1.core.sched.output",
+    "vllm.v1.core.sched.interface",
+    "vllm.v1.worker.utils",
+    "vllm.v1.worker.gpu.attn_utils",
     "vllm.v1.outputs",
     "vllm.config.parallel",
     "vllm.forward_context",
@@ -99,20 +117,24 @@ def check_runner_lane_release(version: str) -> None:
         )
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: parts cache what they build per sources
 class RunnerSources:
     """The vLLM files of one target as the runner lane reads them.
 
     ``package_dir`` plays ``vllm/``; ``overrides`` maps module names to files
     replacing the package's own (``--target``'s ``dp_utils.py``);
     ``stand_ins`` adds to the shim's faithful stand-ins
-    (:data:`dpsim.targets.standins.STAND_INS`) for this loader.
+    (:data:`dpsim.targets.standins.STAND_INS`) for this loader; ``spec`` is
+    the target spec it was made for; ``loaded_target`` the sync lane's
+    Target of it when the caller has one already (else loaded on first use).
     """
 
     package_dir: Path
     version: str | None
     overrides: dict[str, Path] = field(default_factory=dict)
     stand_ins: dict[str, Mapping[str, Any]] = field(default_factory=dict)
+    spec: TargetSpec | None = None
+    loaded_target: Target | None = None
     _loader: _LaneLoader | None = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -125,23 +147,38 @@ class RunnerSources:
                 f"{spec.runner.upper()} runner"
             )
         if isinstance(spec.base, ReleaseSpec):
-            made = cls.for_release(spec.base.version)
+            check_runner_lane_release(spec.base.version)
+            package_dir = ensure_release(
+                spec.base.version, runner="v2", extra=wheel_prefixes()
+            )
+            made = cls(package_dir, spec.base.version, spec=spec)
         else:
-            made = cls.for_tree(spec.base.package_dir)
+            package_dir = spec.base.package_dir
+            made = cls(package_dir, _tree_version(package_dir), spec=spec)
         if spec.dp_utils_file is not None:
             made.overrides[DP_UTILS_MODULE] = spec.dp_utils_file
         return made
 
     @classmethod
     def for_release(cls, version: str) -> RunnerSources:
-        check_runner_lane_release(version)
-        package_dir = ensure_release(version, runner="v2", extra=wheel_prefixes())
-        return cls(package_dir, version)
+        return cls.for_spec(TargetSpec(ReleaseSpec(version)))
 
     @classmethod
     def for_tree(cls, package_dir: Path) -> RunnerSources:
         """A vLLM source tree's or installed package's ``vllm/`` directory."""
-        return cls(package_dir, _tree_version(package_dir))
+        return cls.for_spec(TargetSpec(TreeSpec(package_dir)))
+
+    @property
+    def target(self) -> Target:
+        """The sync lane's loaded target of the same spec (its sync adapters,
+        its managers; loaded once per process, as the sync lane loads it)."""
+        if self.loaded_target is None:
+            spec = self.spec or TargetSpec(
+                TreeSpec(self.package_dir),
+                dp_utils_file=self.overrides.get(DP_UTILS_MODULE),
+            )
+            self.loaded_target = load_spec(spec)
+        return self.loaded_target
 
     @property
     def label(self) -> str:
@@ -179,7 +216,9 @@ class RunnerSources:
     def loader(self) -> ModuleLoader:
         """This target's module loader (made on first use)."""
         if self._loader is None:
-            self._loader = _LaneLoader(self, {**STAND_INS, **self.stand_ins})
+            loader = _LaneLoader(self, {**STAND_INS, **self.stand_ins})
+            loader.seed(self.target)
+            self._loader = loader
         return self._loader
 
     def load_module(self, name: str, *, lenient: bool) -> types.ModuleType:
@@ -236,6 +275,22 @@ class _LaneLoader(ModuleLoader):
 
     def source_path(self, name: str) -> Path | None:
         return self._sources.file_of(name)
+
+    def seed(self, target: Target) -> None:
+        """Make the target's own modules this loader's, in the mode the
+        target executed each (see the module docstring)."""
+        for name, module in (
+            (DP_UTILS_MODULE, target.dp_utils),
+            (CUDAGRAPH_MODULE, target.cudagraph_utils),
+            (COMPILATION_MODULE, target.compilation),
+        ):
+            self._modules[name] = module
+            if name in EXECUTED:
+                self.executed = self.executed | {name}
+            else:
+                self.lenient = self.lenient | {name}
+        for loaded in target.files:
+            where.register_file(loaded.path)
 
     def _execute(self, name: str, path: Path, *, lenient: bool) -> types.ModuleType:
         where.register_file(path)
