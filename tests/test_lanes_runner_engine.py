@@ -9,6 +9,7 @@ makes the model runner's DP all-reduce on ``dp_cpu``.
 
 from __future__ import annotations
 
+import functools
 import queue
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def test_request_types_the_model_does_not_know_are_gaps() -> None:
 def _quiesce(coordinator: Coordinator, programs: Any, ranks: int) -> list[str]:
     shut: list[str] = []
     for rank in range(ranks):
-        coordinator.attach(rank, lambda rank=rank: shut.append(f"shutdown {rank}"))
+        coordinator.attach(rank, functools.partial(shut.append, f"shutdown {rank}"))
     result = simulate(programs, ranks=ranks, on_quiescent=coordinator.on_quiescent)
     shut.append(result.outcome.value)
     return shut
@@ -196,7 +197,7 @@ def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
         execute_model=lambda so: None,
         sample_tokens=lambda grammar: async_output,
     )
-    executor = Executor(worker)  # type: ignore[arg-type]
+    executor = Executor(worker)
 
     future = executor.execute_model("so", non_block=True)
     assert future.done() and future.result() is None
@@ -207,7 +208,7 @@ def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
     assert executor.sample_tokens(None) == "sampled"
     assert executor.is_sleeping is False
     with collect_gaps() as gaps, pytest.raises(ModelGap):
-        executor.check_health()  # type: ignore[attr-defined]
+        executor.check_health()
     assert gaps == ["Executor.check_health read at (no vLLM frame on the stack)"]
 
 
@@ -222,8 +223,11 @@ def test_input_queue_polls_refuses_a_timeout_and_fast_forwards() -> None:
     coordinator = standin("Coordinator", send_request=send_request)
     arrivals = Arrivals(
         0,
-        [RequestScript("a", 2, 4, 1), RequestScript("b", 2, 4, 1)]
-        + [RequestScript("c", 4, 4, 1)],
+        [
+            RequestScript("a", 2, 4, 1),
+            RequestScript("b", 2, 4, 1),
+            RequestScript("c", 4, 4, 1),
+        ],
         coordinator,  # type: ignore[arg-type]
     )
     inputs = InputQueue(box, arrivals)
