@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dpsim.errors import TargetError
-from dpsim.lanes.runner.extract import real_class
+from dpsim.lanes.runner.extract import class_methods, real_class
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, collect_gaps, instance
 
 # A hand-written stand-in for a vLLM file (not vLLM's text).
@@ -212,6 +212,16 @@ def test_a_missing_method_or_class_is_one_line(fake: Path) -> None:
     )
     with pytest.raises(TargetError, match=r"has no class Missing$"):
         real_class(fake, "Missing", ["x"], version=None, globals_={})
+
+
+def test_class_methods_lists_the_body_in_order(fake: Path) -> None:
+    names = class_methods(fake, "Runner", version=None)
+    assert names[:4] == ("__init__", "step", "hello", "width")
+    assert names.count("mode") == 1
+    with pytest.raises(
+        TargetError, match=r"9\.9\.9's v1/fake_runner\.py has no class X"
+    ):
+        class_methods(fake, "X", version="9.9.9")
 
 
 def test_loops_tick(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:

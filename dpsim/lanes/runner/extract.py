@@ -87,19 +87,8 @@ def real_class(
         ast.unparse(ast.parse(text, mode="eval").body): value
         for text, value in (decorators or {}).items()
     }
-    shown = where.register_file(path)
-    owner = f"vLLM {version or '(this tree)'}'s {shown}"
-    _, tree = parse_source(path)
-    found = next(
-        (
-            node
-            for node in tree.body
-            if isinstance(node, ast.ClassDef) and node.name == class_name
-        ),
-        None,
-    )
-    if found is None:
-        raise TargetError(f"runner lane: {owner} has no class {class_name}")
+    owner = _owner(path, version)
+    found = _class_node(path, class_name, version)
     wanted = list(dict.fromkeys(methods))
     kept: list[ast.FunctionDef | ast.AsyncFunctionDef] = [
         copy.deepcopy(node)  # the transformers below edit in place
@@ -161,6 +150,35 @@ def real_class(
         setattr(cls, name, value)
     cls.DPSIM_ORIGIN = Origin(path, version, class_name, tuple(wanted), code)  # type: ignore[attr-defined]
     return cls
+
+
+def class_methods(
+    path: Path, class_name: str, *, version: str | None
+) -> tuple[str, ...]:
+    """The methods (properties included) ``class_name`` defines in its own
+    body in ``path``, in file order: what a caller may ask :func:`real_class`
+    for when a method is optional across releases."""
+    found = _class_node(path, class_name, version)
+    return tuple(
+        dict.fromkeys(
+            node.name
+            for node in found.body
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        )
+    )
+
+
+def _owner(path: Path, version: str | None) -> str:
+    return f"vLLM {version or '(this tree)'}'s {where.register_file(path)}"
+
+
+def _class_node(path: Path, class_name: str, version: str | None) -> ast.ClassDef:
+    """The top-level class statement; a one-line refusal when there is none."""
+    _, tree = parse_source(path)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return node
+    raise TargetError(f"runner lane: {_owner(path, version)} has no class {class_name}")
 
 
 def _decorator(
