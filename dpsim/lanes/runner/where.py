@@ -1,4 +1,4 @@
-"""Where in vLLM's source a running rank is.
+"""Where in vLLM's source a running rank is, and which of its lines ran.
 
 The runner lane runs real vLLM code compiled from release files (or a tree)
 under their real names, mixed with dpsim's own frames (stand-ins, the
@@ -7,12 +7,20 @@ against a registry that :func:`~dpsim.lanes.runner.extract.real_class` and the
 lane's module loads fill (:func:`register_file`): a path match by name
 (``.../vllm/...``) could take dpsim's own or an installed vLLM's files for the
 target's.
+
+:class:`LineCoverage` counts which lines of chosen vLLM functions ran
+(``dpsim targets --lane runner`` shows it): what the lane really exercises of
+each real method, against what it could.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
+from typing import Any
 
 #: File name (as compiled) -> how locations show it ("v1/worker/gpu/model_runner.py").
 _FILES: dict[str, str] = {}
@@ -67,3 +75,102 @@ def vllm_stack(frame: FrameType | None) -> tuple[str, ...]:
             found.append(frame_location(frame))
         frame = frame.f_back
     return tuple(found)
+
+
+@dataclass(frozen=True)
+class FunctionCoverage:
+    """One function's lines: those that can run and those that ran (its
+    nested functions, lambdas and comprehensions counted as its own)."""
+
+    filename: str
+    name: str
+    first_line: int
+    executable: frozenset[int]
+    executed: frozenset[int]
+
+    @property
+    def shown(self) -> str:
+        """``v1/worker/gpu/model_runner.py:1764 GPUModelRunner.execute_model``."""
+        where = _FILES.get(self.filename) or Path(self.filename).name
+        return f"{where}:{self.first_line} {self.name}"
+
+    @property
+    def missed(self) -> frozenset[int]:
+        return self.executable - self.executed
+
+
+class LineCoverage:
+    """Which lines of ``codes`` (function code objects, e.g. a rebuilt class's
+    ``DPSIM_ORIGIN.codes()``) run inside ``with coverage:``.
+
+    ``sys.settrace`` (Python 3.11 has no ``sys.monitoring``), on the current
+    thread, which is every virtual rank's (greenlets share it); only calls of
+    the chosen code objects are traced line by line. A frame already running
+    when the block starts is not counted, and another tracer (a debugger,
+    coverage.py) is set aside for the block and put back after it.
+    Executable lines come from each code object's ``co_lines()``.
+    """
+
+    def __init__(self, codes: Iterable[CodeType]) -> None:
+        #: Each traced code object -> the given function it belongs to.
+        self._root: dict[CodeType, CodeType] = {}
+        self._roots: list[CodeType] = []
+        for code in codes:
+            if code in self._root:
+                continue  # nested in one given earlier, or given twice
+            self._roots.append(code)
+            for part in (code, *_nested(code)):
+                self._root.setdefault(part, code)
+        self._ran: dict[CodeType, set[int]] = {code: set() for code in self._roots}
+        self._previous: Any = None
+
+    def __enter__(self) -> LineCoverage:
+        self._previous = sys.gettrace()
+        sys.settrace(self._call)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        sys.settrace(self._previous)
+
+    def _call(self, frame: FrameType, event: str, arg: object) -> Any:
+        root = self._root.get(frame.f_code)
+        if root is None:
+            return None
+        ran = self._ran[root]
+        ran.add(frame.f_lineno)
+
+        def line(frame: FrameType, event: str, arg: object) -> Any:
+            if event == "line":
+                ran.add(frame.f_lineno)
+            return line
+
+        return line
+
+    def functions(self) -> list[FunctionCoverage]:
+        """Every given function, in the order given."""
+        return [
+            FunctionCoverage(
+                filename=code.co_filename,
+                name=code.co_qualname,
+                first_line=code.co_firstlineno,
+                executable=frozenset(lines := _lines(code)),
+                executed=frozenset(self._ran[code] & lines),
+            )
+            for code in self._roots
+        ]
+
+
+def _nested(code: CodeType) -> Iterator[CodeType]:
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            yield constant
+            yield from _nested(constant)
+
+
+def _lines(code: CodeType) -> set[int]:
+    return {
+        line
+        for part in (code, *_nested(code))
+        for _, _, line in part.co_lines()
+        if line is not None
+    }
