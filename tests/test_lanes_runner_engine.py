@@ -449,3 +449,49 @@ def test_a_scheduler_asked_what_it_was_not_written_for_refuses() -> None:
         "Scheduler.has_unfinished_requests read at v1/engine/core.py:"
     )
     assert gaps[0].endswith("in run_busy_loop")
+
+
+def _dp_cpu_count(result: SimResult, rank: int) -> int:
+    return sum(
+        1 for record in result.ranks[rank].collectives if record.group == DP_CPU_GROUP
+    )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+def test_async_scheduling_runs_the_batch_queue_in_step(version: str) -> None:
+    options = EngineOptions(async_scheduling=True, dp_sync_interval=2)
+    result, workers, gaps, _, _ = _run(_sources(version), options, ONE_REQUEST)
+
+    assert gaps == [] and result.outcome is Outcome.OK
+    busy, idle = workers
+    assert busy.calls[:6] == [
+        "execute_model 4",
+        "sample_tokens",
+        "execute_model 1",
+        "sample_tokens",
+        "execute_model 1",
+        "sample_tokens",
+    ]
+    assert set(idle.calls) == {"dummy"}
+    assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1) == len(idle.calls)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+def test_a_kv_wait_steps_without_a_model_and_runs_dummy_batches(version: str) -> None:
+    # A request held for a remote KV transfer: steps schedule 0 tokens (the
+    # real loop "sleeps" to let transfers progress, a no-op here) and the
+    # rank keeps its peers company with dummy batches meanwhile.
+    streams = [
+        RankStream((RequestScript("r0", 0, 4, 2, kv_wait=2),)),
+        RankStream((RequestScript("r1", 1, 4, 2),)),
+    ]
+    result, workers, gaps, _, _ = _run(
+        _sources(version), EngineOptions(dp_sync_interval=2), streams
+    )
+
+    assert gaps == [] and result.outcome is Outcome.OK
+    held = workers[0].calls
+    assert held[:4] == ["execute_model 0", "dummy", "execute_model 0", "dummy"]
+    assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1)

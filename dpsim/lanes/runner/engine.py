@@ -20,9 +20,8 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 * ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
   batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
   PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
-  ``_process_aborts_queue``, ``capture_iteration_details`` /
-  ``log_error_detail`` (context managers; stats logging off) and the
-  ``_attach_*`` helpers.
+  ``_process_aborts_queue``, ``capture_iteration_details`` (a context
+  manager; stats logging is off) and the ``_attach_*`` helpers.
 
 The unfinished-requests all-reduce runs on the sim group
 :data:`~dpsim.records.groups.ENGINE_DP_GROUP`, the engine's own stateless DP
@@ -49,8 +48,9 @@ Stood in (strict: anything else they are asked is a gap):
 * the aborts queue is a real, empty ``queue.Queue`` (the lane sends no
   aborts); ``time.sleep`` is a no-op (a rank with requests but nothing
   scheduled, e.g. a KV wait, loops without sleeping; the step budget bounds
-  one that never makes progress); the logger, the watchdog
-  (``get_watch_dog``, 0.30+) and ``dump_engine_exception`` do nothing;
+  one that never makes progress); the logger and the watchdog
+  (``get_watch_dog``, 0.30+) do nothing; ``log_error_detail`` only lets the
+  error through (vLLM's dumps diagnostics first, then re-raises);
 * ``@fault_tolerant_wrapper`` on ``run_busy_loop`` is dropped: with
   ``enable_fault_tolerance`` off (vLLM's default, and the lane's) it only
   re-raises what the loop raises;
@@ -73,7 +73,7 @@ import logging
 import queue
 import typing
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,7 +111,6 @@ _ENGINE_CORE = (
     (
         "add_request",
         "abort_requests",
-        "log_error_detail",
         "capture_iteration_details",
         "_make_iteration_details_stats",
         "_attach_iteration_details",
@@ -408,8 +407,6 @@ def _engine_classes(
         "DEBUG": logging.DEBUG,
         "logger": LOGGER,
         "get_watch_dog": lambda: WATCH_DOG,
-        # Logs the failing step's inputs before the engine re-raises: logging only.
-        "dump_engine_exception": _do_nothing,
         # Only a type argument to typing.cast in step_with_batch_queue.
         "ModelRunnerOutput": object,
         "EngineCoreOutputs": EngineCoreOutputs,
@@ -486,6 +483,14 @@ class _LaneHooks(StrictObject):
         handled: bool = super()._handle_shutdown()  # type: ignore[misc]
         return handled
 
+    @contextlib.contextmanager
+    def log_error_detail(self, scheduler_output: Any) -> Iterator[None]:
+        """Stands in for ``EngineCore.log_error_detail``: vLLM's dumps the
+        failing step's inputs and scheduler stats, then re-raises. Only the
+        re-raise matters here, and asking the modelled scheduler for stats
+        would hide the error behind a gap."""
+        yield
+
 
 # -- building and running an engine -----------------------------------------------
 
@@ -538,7 +543,9 @@ def build_engine(
         batch_queue_size=batch_queue_size,
         batch_queue=deque(maxlen=batch_queue_size) if batch_queue_size > 1 else None,
         is_mm_encoder_only=False,  # 0.30+
-        is_ec_consumer=False,  # 0.29
+        # 0.29: True without an EC transfer config (EngineCore.__init__); it
+        # gates step_with_batch_queue's model_executed.
+        is_ec_consumer=True,
         is_pooling_model=False,
         async_scheduling=options.async_scheduling,
         check_for_draft_tokens=options.speculator is not None,
