@@ -1,0 +1,870 @@
+"""The real V2 speculators per virtual rank, their forwards stood in for.
+
+The model runner's ``sample_tokens`` and ``_dummy_run`` call
+``speculator.propose(...)``; what a speculator does there decides whether DP
+ranks stay in step: its prefill dispatch (reusing the target's agreement),
+its early return when there is nothing more to draft, the decode dispatch
+and the ``K - 1`` decode forwards of ``_multi_step_decode``, each of which
+issues the MoE collectives that hang when ranks disagree (vLLM 26086, 35294,
+40589). :func:`build_speculator` rebuilds the release's REAL speculator class
+with :func:`~dpsim.lanes.runner.extract.real_class` and gives it per-rank CPU
+buffers; these run for real:
+
+* ``propose``, ``_prefill``, ``_run_model``, ``_multi_step_decode``,
+  ``_generate_draft``, the lifecycle hooks (MTP's among them),
+  ``advance_draft_positions``;
+* from ``DraftModelSpeculator``: ``_copy_request_inputs``, ``sample_draft``
+  (greedy, on fake logits), ``_prepare_eplb_forward``,
+  ``_build_uniform_batch_dp_sync`` (0.32+), the draft attention metadata
+  builders around a stood-in ``build_attn_metadata``, ``observe_verification``;
+* ``init_cudagraph_manager``, which builds the drafter's prefill and decode
+  ``SpeculatorCudaGraphManager`` (the release's class over the release's real
+  ``CudaGraphManager``) from the drafter's table of the policy, as the sync
+  lane derives it (:func:`dpsim.scenarios.run.tables_for`); their
+  ``dispatch`` is real, their captured graphs are fakes whose replay forwards;
+* ``dispatch_cg_and_sync_dp``: the release's real sync, wrapped by the sync
+  recorder (:func:`dpsim.lanes.runner.syncs.recording_sync`), passed in as
+  ``sync``.
+
+Stood in for: the three triton launchers (``prepare_prefill_inputs``,
+``prepare_decode_inputs``, ``update_draft_inputs``: their index bookkeeping
+in CPU torch, :func:`_prepare_prefill_inputs` and siblings), the draft model
+(:class:`~dpsim.lanes.runner.forward.FakeModel`: each forward issues the EP
+collectives at the shape of its forward context and leaves a drafter-forward
+event), ``set_forward_context`` (per virtual rank), the block tables' slot
+mappings and the attention backends' metadata (opaque to DP: nothing builds
+any), ``build_slot_mappings_by_layer``. Not modelled, so a gap (refusal) when
+reached: eagle3's ``combine_hidden_states``, probabilistic draft sampling
+(``gumbel_sample``), PCP/DCP, multimodal drafters, EPLB, the fused
+multi-step decode (its attention backends are not modelled: the lane runs
+vLLM's fallback, one decode graph or eager forward per step), capture.
+``@torch.inference_mode()`` is dropped: it is per-thread state in vLLM and
+the lane's ranks share a thread; they run CPU tensors without autograd.
+
+Which speculators each release ships and the lane drives (``EngineOptions.
+speculator``):
+
+============  ==========================================  ======================
+vLLM          ``"ar"`` (target-dependent autoregressive,   ``"mtp"``
+              the EAGLE drafter)
+============  ==========================================  ======================
+0.28 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
+              ``AutoRegressiveSpeculator``                 ``MTPSpeculator``
+0.32 - 0.33   ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
+              ``TargetDependentARSpeculator``              ``MTPSpeculator``
+============  ==========================================  ======================
+
+A release or tree without them is refused in one line naming what is missing.
+MTP's ``load_draft_model`` is not run (it loads weights): its
+``share_mtp_topk_indices`` keeps the class default (False: a drafter without
+``set_skip_topk``), so its hooks run their real, inert branch.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from dpsim.errors import TargetError, UsageError
+from dpsim.lanes.runner.extract import real_class
+from dpsim.lanes.runner.forward import (
+    HIDDEN_SIZE,
+    FakeModel,
+    ForwardContexts,
+    install_graphs,
+)
+from dpsim.lanes.runner.stream import EngineOptions
+from dpsim.lanes.runner.strict import asked_at, gap, instance, standin
+from dpsim.lanes.runner.syncs import record_drafter_forward
+from dpsim.records.policy import CapturePolicy
+from dpsim.scenarios.run import tables_for
+from dpsim.targets.load import Target
+from dpsim.targets.manager import _vllm_config as manager_vllm_config
+from dpsim.targets.shim import ModuleLoader, is_stub, parse_source
+from dpsim.targets.standins import STAND_INS
+
+#: The speculator kinds the lane drives (``EngineOptions.speculator``).
+KINDS = ("ar", "mtp")
+#: The draft model's vocabulary: small, the logits are never read.
+VOCAB_SIZE = 8
+
+_SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
+_BASE_MODULE = f"{_SPEC_DECODE}.speculator"
+_MTP_MODULE = f"{_SPEC_DECODE}.mtp.speculator"
+_UTILS_MODULE = "vllm.v1.worker.utils"
+_FORWARD_CONTEXT_MODULE = "vllm.forward_context"
+_BASE_CLASS = "DraftModelSpeculator"
+_ABSTRACT_CLASS = "BaseSpeculator"
+_MTP_CLASS = "MTPSpeculator"
+_GRAPHS_CLASS = "SpeculatorCudaGraphManager"
+_GRAPHS_DESCRIPTOR = "SpeculatorBatchDescriptor"
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where one release keeps its target-dependent autoregressive speculator."""
+
+    package: str
+    class_name: str
+
+    @property
+    def module(self) -> str:
+        return f"{self.package}.speculator"
+
+    @property
+    def graphs_module(self) -> str:
+        return f"{self.package}.cudagraph_utils"
+
+
+#: Newest first: 0.32 renamed ``autoregressive`` to ``target_dependent_ar``.
+_LAYOUTS = (
+    _Layout(f"{_SPEC_DECODE}.target_dependent_ar", "TargetDependentARSpeculator"),
+    _Layout(f"{_SPEC_DECODE}.autoregressive", "AutoRegressiveSpeculator"),
+)
+
+#: ``DraftModelSpeculator``'s methods on the paths of ``propose`` and of the
+#: model runner's calls, whichever the release defines (one its code asks
+#: for but it lacks is a gap).
+_BASE_METHODS = (
+    "max_model_len",
+    "_prepare_eplb_forward",
+    "_copy_request_inputs",
+    "_build_uniform_batch_dp_sync",
+    "_build_attn_metadata",
+    "_build_uniform_attn_metadata",
+    "_build_draft_attn_metadata",
+    "compute_draft_logits",
+    "get_draft_top_tokens",
+    "_greedy_sample_draft",
+    "sample_draft",
+    "_maybe_predict_acceptance",
+    "observe_verification",
+    "prepare_watermarking",
+)
+#: Required of ``DraftModelSpeculator`` in every release the lane drives.
+_BASE_REQUIRED = ("_prepare_eplb_forward", "_copy_request_inputs", "sample_draft")
+#: The autoregressive speculator's methods the lane runs, all required.
+_AR_REQUIRED = (
+    "init_cudagraph_manager",
+    "propose",
+    "_run_model",
+    "_prefill",
+    "_multi_step_decode",
+    "_generate_draft",
+)
+#: Its lifecycle hooks (MTP overrides them), whichever the release has.
+_HOOKS = (
+    "on_prefill_begin",
+    "on_prefill_end",
+    "on_multi_step_decode_begin",
+    "on_multi_step_decode_end",
+    "advance_draft_positions",
+)
+#: The methods whose ``self.X = ...`` assignments say which attributes the
+#: release's real speculator object has (see :func:`_assigned`).
+_BUILDERS = ("__init__", "set_attn", "load_model", "load_draft_model")
+#: vLLM's per-thread state, dropped: the lane's ranks share a thread, and run
+#: CPU tensors without autograd.
+_DECORATORS: Mapping[str, None] = {"torch.inference_mode()": None}
+
+
+class Sources(Protocol):
+    """What the speculators need of the lane's sources (A's ``RunnerSources``)."""
+
+    @property
+    def version(self) -> str | None: ...
+    @property
+    def package_dir(self) -> Path: ...
+    def path(self, module: str) -> Path: ...
+    def has(self, module: str) -> bool: ...
+
+
+Sync = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class SpeculatorClasses:
+    """One release's rebuilt speculator classes, shared by its ranks (a
+    rebuild parses and compiles a file: tens of milliseconds)."""
+
+    #: The real ``DraftModelSpeculator`` (what the model runner's
+    #: ``isinstance(self.speculator, DraftModelSpeculator)`` names).
+    draft_model: type
+    #: Per kind, the class a rank's speculator is made of: the real
+    #: autoregressive (EAGLE) speculator, and MTP on top of it.
+    kinds: Mapping[str, type]
+    #: Per kind, the ``self`` attributes the release's real object of that
+    #: kind has (those its builders, ``__init__``, ``set_attn``, ... set).
+    attributes: Mapping[str, frozenset[str]]
+    #: The speculators' ``set_forward_context``, which their model reads.
+    contexts: ForwardContexts
+
+
+def build_speculator(
+    sources: Sources,
+    options: EngineOptions,
+    policy: CapturePolicy,
+    rank: int,
+    dp_size: int,
+    *,
+    target: Target,
+    sync: Sync,
+) -> Any:
+    """Rank ``rank``'s speculator for ``options.speculator``, or None without one.
+
+    ``target`` is the sync lane's loaded target of the same release (its
+    graph-mode enum, descriptors and manager class, which the drafter's
+    managers share with the model runner's); ``sync`` is what the
+    speculator's ``dispatch_cg_and_sync_dp`` calls on this rank (its sync
+    recorder). Buffers are per rank, CPU tensors sized as vLLM sizes them
+    from ``options``; the drafter's graph managers are built by the real
+    ``init_cudagraph_manager`` from the policy's drafter table
+    (:func:`dpsim.scenarios.run.tables_for`).
+    """
+    kind = options.speculator
+    if kind is None:
+        return None
+    if kind not in KINDS:
+        raise UsageError(
+            f"runner lane: unknown speculator {kind!r} (known: {', '.join(KINDS)})"
+        )
+    k = options.num_speculative_tokens
+    if policy.decode_query_len != 1 + k:
+        raise UsageError(
+            f"runner lane: the policy's decode_query_len ({policy.decode_query_len}) "
+            f"must be 1 + num_speculative_tokens ({1 + k}), as vLLM derives it"
+        )
+    classes = speculator_classes(sources, target)
+    made = classes.kinds.get(kind)
+    if made is None:
+        raise TargetError(
+            f"runner lane: vLLM {_shown(sources.version)} has no MTP speculator the "
+            "lane can drive: no v1/worker/gpu/spec_decode/mtp/speculator.py"
+        )
+    tables = tables_for(target, policy, dp_size)
+    # The drafter's managers read the sync lane's view of a config, as the
+    # sync lane's managers do; the speculator and its forward context also
+    # read the model's length and this rank's place in the DP group.
+    vllm_config = manager_vllm_config(
+        tables.drafter_prefill, target.compilation.__dict__.get("CompilationConfig")
+    )
+    vllm_config.model_config = standin(
+        "ModelConfig", max_model_len=options.max_model_len
+    )
+    vllm_config.parallel_config = target.parallel_config(
+        dp_size, rank, policy.microbatching
+    )
+    values = _attributes(
+        kind,
+        options,
+        rank=rank,
+        dp_size=dp_size,
+        vllm_config=vllm_config,
+        model=FakeModel(
+            classes.contexts,
+            VOCAB_SIZE,
+            extra_inputs=("hidden_states",),
+            on_forward=record_drafter_forward,
+        ),
+        # vLLM caps capture sizes at max_num_batched_tokens; a case's policy
+        # need not, so the buffers also hold the largest padded batch.
+        tokens=max(
+            options.max_num_batched_tokens,
+            tables.target.effective_max_capture_size,
+            tables.drafter_prefill.effective_max_capture_size,
+        ),
+    )
+    allowed = classes.attributes[kind]
+    speculator: Any = instance(
+        made, **{name: value for name, value in values.items() if name in allowed}
+    )
+    speculator.init_cudagraph_manager(
+        target.CUDAGraphMode[tables.drafter_prefill.cudagraph_mode]
+    )
+    for manager in (
+        speculator.prefill_cudagraph_manager,
+        speculator.decode_cudagraph_manager,
+    ):
+        # What capture leaves behind (capture itself runs the model on a GPU):
+        # a graph per FULL descriptor, whose replay is a drafter forward.
+        manager._graphs_captured = True
+        install_graphs(manager, hidden_states=False, on_forward=record_drafter_forward)
+        _SYNCS[manager] = sync
+    return speculator
+
+
+def draft_model_speculator_class(sources: Sources, target: Target) -> type:
+    """The release's real ``DraftModelSpeculator``, rebuilt: what the model
+    runner's ``isinstance(self.speculator, DraftModelSpeculator)`` must name."""
+    return speculator_classes(sources, target).draft_model
+
+
+#: Each rank's sync, by the drafter's graph managers (two per rank): the
+#: rebuilt classes, and so their module globals, serve every rank of a release.
+_SYNCS: weakref.WeakKeyDictionary[Any, Sync] = weakref.WeakKeyDictionary()
+
+
+def _route_sync(manager: Any, *args: Any, **kwargs: Any) -> Any:
+    """The speculator's ``dispatch_cg_and_sync_dp``: the calling rank's sync,
+    found by the manager the real code passes first (its own)."""
+    found = _SYNCS.get(manager)
+    if found is None:
+        raise gap(f"dispatch_cg_and_sync_dp with an unknown manager at {asked_at()}")
+    return found(manager, *args, **kwargs)
+
+
+def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
+    """The release's speculator classes, rebuilt once and shared by its ranks."""
+    layout = _layout(sources)
+    modules = [_BASE_MODULE, layout.module, layout.graphs_module, _UTILS_MODULE]
+    modules += [m for m in (_MTP_MODULE, _FORWARD_CONTEXT_MODULE) if sources.has(m)]
+    return _classes(
+        sources.package_dir,
+        tuple((module, sources.path(module)) for module in modules),
+        layout,
+        sources.version,
+        target,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _classes(
+    package_dir: Path,
+    paths: tuple[tuple[str, Path], ...],
+    layout: _Layout,
+    version: str | None,
+    target: Target,
+) -> SpeculatorClasses:
+    path_of = dict(paths)
+    modes = target.CUDAGraphMode
+    base_path = path_of[_BASE_MODULE]
+    base_tree = _class_node(base_path, _BASE_CLASS, version)
+    ar_tree = _class_node(path_of[layout.module], layout.class_name, version)
+    draft_model = real_class(
+        base_path,
+        _BASE_CLASS,
+        _present(base_tree, _BASE_METHODS, _BASE_REQUIRED),
+        version=version,
+        globals_={
+            "torch": torch,
+            "np": np,
+            "replace": replace,
+            "partial": functools.partial,
+            "CUDAGraphMode": modes,
+            "build_attn_metadata": _launcher(
+                "build_attn_metadata", _build_attn_metadata
+            ),
+        },
+        decorators=_DECORATORS,
+        class_attributes=_class_constants(
+            _class_node(base_path, _ABSTRACT_CLASS, version)
+        ),
+    )
+    helpers = _helper_modules(package_dir, paths)
+    contexts = _forward_contexts(helpers.get(_FORWARD_CONTEXT_MODULE))
+    utils = helpers[_UTILS_MODULE]
+    autoregressive = real_class(
+        path_of[layout.module],
+        layout.class_name,
+        _present(ar_tree, _AR_REQUIRED + _HOOKS, _AR_REQUIRED),
+        version=version,
+        globals_={
+            "torch": torch,
+            "CUDAGraphMode": modes,
+            "BatchDescriptor": _launcher("BatchDescriptor", _batch_descriptor),
+            "set_forward_context": contexts.set_forward_context,
+            "dispatch_cg_and_sync_dp": _route_sync,
+            "get_uniform_decode_token_count": _real_function(
+                utils, "get_uniform_decode_token_count", version
+            ),
+            "build_slot_mappings_by_layer": _launcher(
+                "build_slot_mappings_by_layer", _build_slot_mappings_by_layer
+            ),
+            "prepare_prefill_inputs": _launcher(
+                "prepare_prefill_inputs", _prepare_prefill_inputs
+            ),
+            "prepare_decode_inputs": _launcher(
+                "prepare_decode_inputs", _prepare_decode_inputs
+            ),
+            "update_draft_inputs": _launcher(
+                "update_draft_inputs", _update_draft_inputs
+            ),
+            _GRAPHS_CLASS: _graphs_class(
+                path_of[layout.graphs_module], version, target
+            ),
+        },
+        bases=(draft_model,),
+        decorators=_DECORATORS,
+    )
+    kinds = {"ar": autoregressive}
+    attributes = {"ar": frozenset(_assigned((base_tree, ar_tree)))}
+    if _MTP_MODULE in path_of:
+        mtp_path = path_of[_MTP_MODULE]
+        mtp_tree = _class_node(mtp_path, _MTP_CLASS, version)
+        _check_derives(mtp_tree, layout.class_name, mtp_path, version)
+        kinds["mtp"] = real_class(
+            mtp_path,
+            _MTP_CLASS,
+            _present(mtp_tree, _HOOKS, ()),
+            version=version,
+            globals_={},
+            bases=(autoregressive,),
+            decorators=_DECORATORS,
+            class_attributes=_class_constants(mtp_tree),
+        )
+        attributes["mtp"] = frozenset(_assigned((base_tree, ar_tree, mtp_tree)))
+    return SpeculatorClasses(
+        draft_model=draft_model,
+        kinds=kinds,
+        attributes=attributes,
+        contexts=contexts,
+    )
+
+
+def _helper_modules(
+    package_dir: Path, paths: tuple[tuple[str, Path], ...]
+) -> dict[str, ModuleType]:
+    """The helper modules a speculator borrows a function or class from,
+    executed statement by statement under the targets' shim: only names
+    checked real (:func:`_real_function`, not stubs) are used."""
+    helpers = {
+        module: path
+        for module, path in paths
+        if module in (_UTILS_MODULE, _FORWARD_CONTEXT_MODULE)
+    }
+    loader = ModuleLoader(
+        package_dir,
+        overrides=helpers,
+        stand_ins=STAND_INS,
+        executed=frozenset(),
+        lenient=frozenset(helpers),
+    )
+    return {module: loader.module(module) for module in helpers}
+
+
+def _forward_contexts(forward_context: ModuleType | None) -> ForwardContexts:
+    """The drafter's ``set_forward_context``, checking counts with the
+    release's own ``DPMetadata.make`` where its forward_context.py gives one."""
+    metadata = (
+        None if forward_context is None else forward_context.__dict__.get("DPMetadata")
+    )
+    if metadata is None or is_stub(metadata):
+        return ForwardContexts()
+    return ForwardContexts(metadata.make)
+
+
+# -- reading the release ------------------------------------------------------
+
+
+def _shown(version: str | None) -> str:
+    return version or "(this tree)"
+
+
+def _layout(sources: Sources) -> _Layout:
+    for layout in _LAYOUTS:
+        if sources.has(layout.module):
+            return layout
+    raise TargetError(
+        f"runner lane: vLLM {_shown(sources.version)} has no target-dependent "
+        "autoregressive speculator the lane can drive (neither "
+        "spec_decode/target_dependent_ar/speculator.py nor "
+        "spec_decode/autoregressive/speculator.py)"
+    )
+
+
+def _class_node(path: Path, name: str, version: str | None) -> ast.ClassDef:
+    _, tree = parse_source(path)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise TargetError(
+        f"runner lane: vLLM {_shown(version)}'s {path.name} has no class {name}"
+    )
+
+
+def _present(
+    node: ast.ClassDef, wanted: Iterable[str], required: Iterable[str]
+) -> list[str]:
+    """The ``wanted`` methods the class defines, ``required`` always (a
+    missing required one is :func:`real_class`'s one-line refusal)."""
+    defined = {
+        part.name
+        for part in node.body
+        if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    needed = set(required)
+    return [name for name in wanted if name in defined or name in needed]
+
+
+def _class_constants(node: ast.ClassDef) -> dict[str, Any]:
+    """The literal class-level settings of a vLLM class body (such as
+    ``num_query_per_req: int = 1``), which its methods and the model runner
+    read through instances."""
+    constants: dict[str, Any] = {}
+    for part in node.body:
+        targets: list[ast.expr]
+        if isinstance(part, ast.AnnAssign) and part.value is not None:
+            targets, value = [part.target], part.value
+        elif isinstance(part, ast.Assign):
+            targets, value = list(part.targets), part.value
+        else:
+            continue
+        try:
+            literal = ast.literal_eval(value)
+        except ValueError:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Name):
+                constants[target.id] = literal
+    return constants
+
+
+def _assigned(classes: Iterable[ast.ClassDef]) -> set[str]:
+    """The attributes the classes' builders (``__init__``, ``set_attn``, ...)
+    give ``self``: what the release's real speculator object holds. The lane
+    sets only those of its values, so a release that dropped an attribute
+    its code still read would be refused (a gap), not answered."""
+    names: set[str] = set()
+    for node in classes:
+        for part in node.body:
+            if not (isinstance(part, ast.FunctionDef) and part.name in _BUILDERS):
+                continue
+            for statement in ast.walk(part):
+                targets: list[ast.expr] = []
+                if isinstance(statement, ast.Assign):
+                    targets = list(statement.targets)
+                elif isinstance(statement, ast.AnnAssign | ast.AugAssign):
+                    targets = [statement.target]
+                names.update(
+                    leaf.attr
+                    for target in targets
+                    for leaf in ast.walk(target)
+                    if isinstance(leaf, ast.Attribute)
+                    and isinstance(leaf.value, ast.Name)
+                    and leaf.value.id == "self"
+                )
+    return names
+
+
+def _check_derives(
+    node: ast.ClassDef, base: str, path: Path, version: str | None
+) -> None:
+    bases = [ast.unparse(part) for part in node.bases]
+    if base not in bases:
+        raise TargetError(
+            f"runner lane: vLLM {_shown(version)} has no MTP speculator the lane "
+            f"can drive: {path.name}'s {node.name} derives from "
+            f"{', '.join(bases) or 'nothing'}, not {base}"
+        )
+
+
+def _real_function(module: Any, name: str, version: str | None) -> Callable[..., Any]:
+    """A function a leniently loaded module defined for real (not a stub)."""
+    value = module.__dict__.get(name)
+    if not inspect.isfunction(value):
+        raise TargetError(
+            f"runner lane: vLLM {_shown(version)}'s "
+            f"{module.__name__.removeprefix('vllm.').replace('.', '/')}.py has no "
+            f"function {name}"
+        )
+    return value
+
+
+def _graphs_class(path: Path, version: str | None, target: Target) -> type:
+    """The release's ``SpeculatorCudaGraphManager`` over the sync lane's real
+    ``CudaGraphManager`` of the same release, so descriptors, modes and
+    dispatch are the very ones the model runner's manager uses. Its capture
+    is not kept (it runs the model on a GPU)."""
+    namespace: dict[str, Any] = {
+        "CUDAGraphMode": target.CUDAGraphMode,
+        "replace": replace,
+    }
+    descriptor = _top_level_class(
+        path,
+        _GRAPHS_DESCRIPTOR,
+        {
+            "dataclass": dataclass,
+            "BatchExecutionDescriptor": target.BatchExecutionDescriptor,
+        },
+    )
+    if descriptor is not None:
+        namespace[_GRAPHS_DESCRIPTOR] = descriptor
+    methods = _present(
+        _class_node(path, _GRAPHS_CLASS, version), ("specialize_spec_tokens",), ()
+    )
+    if not methods:
+        # Before 0.32 the class adds only capture: what runs is the base's.
+        return type(_GRAPHS_CLASS, (target.manager_class,), {"__module__": __name__})
+    return real_class(
+        path,
+        _GRAPHS_CLASS,
+        methods,
+        version=version,
+        globals_=namespace,
+        bases=(target.manager_class,),
+    )
+
+
+def _top_level_class(path: Path, name: str, namespace: dict[str, Any]) -> type | None:
+    """Execute the file's class statement ``name`` alone (decorators and
+    annotations as written: a dataclass needs them) in ``namespace``,
+    compiled with the file's real name and lines; None when it has none."""
+    _, tree = parse_source(path)
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            module = ast.Module(body=[node], type_ignores=[])
+            exec(compile(module, str(path), "exec", dont_inherit=True), namespace)
+            made = namespace[name]
+            assert isinstance(made, type)
+            return made
+    return None
+
+
+# -- a rank's state -----------------------------------------------------------
+
+
+def _attributes(
+    kind: str,
+    options: EngineOptions,
+    *,
+    rank: int,
+    dp_size: int,
+    vllm_config: Any,
+    model: Any,
+    tokens: int,
+) -> dict[str, Any]:
+    """Every attribute a release's speculator builders may give ``self``,
+    with the lane's values (CPU tensors sized as vLLM sizes them). Features
+    the lane does not model are off, as they are by default: multimodal
+    inputs, PCP/DCP, EPLB, adaptive verification, watermarking,
+    probabilistic drafting, the fused decode."""
+    k = options.num_speculative_tokens
+    reqs = options.max_num_seqs
+    draft_tokens = torch.zeros(reqs, k, dtype=torch.int64)
+    return {
+        "vllm_config": vllm_config,
+        "device": torch.device("cpu"),
+        "speculative_config": standin(
+            "SpeculativeConfig", method=_METHODS[kind], num_speculative_tokens=k
+        ),
+        "method": _METHODS[kind],
+        "num_speculative_steps": k,
+        "max_num_reqs": reqs,
+        "max_num_tokens": options.max_num_batched_tokens,
+        "max_model_len": options.max_model_len,
+        "draft_max_seq_len": options.max_model_len,
+        "hidden_size": HIDDEN_SIZE,
+        "vocab_size": VOCAB_SIZE,
+        "dtype": torch.float32,
+        "use_fp64_gumbel": False,
+        "use_local_argmax_reduction": False,
+        "dp_size": dp_size,
+        "dp_rank": rank,
+        "dcp_size": 1,
+        "eplb_state": None,
+        "input_buffers": standin(
+            "InputBuffers",
+            input_ids=torch.zeros(tokens, dtype=torch.int32),
+            positions=torch.zeros(tokens, dtype=torch.int64),
+            query_start_loc=torch.zeros(reqs + 1, dtype=torch.int32),
+            seq_lens=torch.zeros(reqs, dtype=torch.int32),
+        ),
+        "idx_mapping": torch.zeros(reqs, dtype=torch.int64),
+        "temperature": torch.zeros(reqs, dtype=torch.float32),
+        "seeds": torch.zeros(reqs, dtype=torch.int64),
+        "draft_tokens": draft_tokens,
+        "arange_np": np.arange(reqs + 1, dtype=np.int32),
+        "arange": torch.arange(reqs + 1, dtype=torch.int32),
+        "draft_is_prefilling": torch.zeros(reqs, dtype=torch.bool),
+        "draft_token_confidence_probs": torch.zeros(reqs, k, dtype=torch.float32),
+        "enable_adaptive_verification": False,
+        "use_acceptance_estimator": False,
+        "acceptance_estimator": None,
+        "draft_logits": None,
+        "draft_watermarker": None,
+        "supports_mm_inputs": False,
+        "pcp_manager": None,
+        "supports_decode_metadata_update": False,
+        "use_fused_multi_step_decode": False,
+        "hidden_states": torch.zeros(tokens, HIDDEN_SIZE),
+        "current_draft_step": torch.tensor(0, dtype=torch.int64),
+        "last_token_indices": torch.zeros(reqs, dtype=torch.int64),
+        "sample_src_positions": torch.zeros(reqs, dtype=torch.int64),
+        "inputs_embeds": None,
+        "prefill_cudagraph_manager": None,
+        "decode_cudagraph_manager": None,
+        "model": model,
+        "draft_attn_layer_names": frozenset(),
+        "kv_cache_config": standin("KVCacheConfig"),
+        "attn_groups": [],
+        "block_tables": standin(
+            "BlockTables",
+            compute_slot_mappings=_launcher(
+                "BlockTables.compute_slot_mappings", _compute_slot_mappings
+            ),
+            input_block_tables=[torch.zeros(reqs, 1, dtype=torch.int32)],
+            slot_mappings=torch.zeros(1, tokens, dtype=torch.int64),
+            cp_size=1,
+            cp_rank=0,
+            cp_interleave=1,
+        ),
+        # MTP's load_draft_model sets it from the draft model's hooks; the
+        # lane's drafter has none (no shared top-k indices).
+        "share_mtp_topk_indices": False,
+    }
+
+
+#: ``speculative_config.method`` of each kind (only eagle3 changes a branch).
+_METHODS = {"ar": "eagle", "mtp": "mtp"}
+
+
+# -- stand-ins for triton launchers and GPU-side helpers ----------------------
+
+
+def _launcher(name: str, implementation: Callable[..., Any]) -> Callable[..., Any]:
+    """``implementation`` as the stand-in for vLLM's ``name``: a call it was not
+    written for (other arguments: vLLM changed the call) is a gap, not a
+    ``TypeError`` inside vLLM's code that would read as a crash of vLLM's."""
+    signature = inspect.signature(implementation)
+
+    @functools.wraps(implementation)
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise gap(
+                f"{name} called with arguments its stand-in does not take ({error}) "
+                f"at {asked_at()}"
+            ) from None
+        return implementation(*args, **kwargs)
+
+    return launch
+
+
+def _prepare_prefill_inputs(
+    last_token_indices: torch.Tensor,
+    current_draft_step: torch.Tensor,
+    input_buffers: Any,
+    input_batch: Any,
+    num_sampled: torch.Tensor,
+    num_rejected: torch.Tensor,
+    last_sampled: torch.Tensor,
+    next_prefill_tokens: torch.Tensor,
+    max_num_reqs: int,
+) -> torch.Tensor:
+    """The triton kernel's index bookkeeping, in CPU torch: each request's last
+    accepted token, the draft step reset, positions, query starts and sequence
+    lengths copied (padded rows as the kernel pads them). Token ids are not
+    shifted: no stood-in model reads them."""
+    n = input_batch.num_reqs
+    starts = input_batch.query_start_loc[: n + 1].to(torch.int64)
+    lengths = starts[1:] - starts[:-1] - num_rejected[:n].to(torch.int64)
+    last_token_indices[:n] = starts[:-1] + lengths - 1
+    last_token_indices[n:] = 0
+    current_draft_step.fill_(0)
+    total = int(starts[n])
+    input_buffers.positions[:total] = input_batch.positions[:total]
+    input_buffers.query_start_loc[: n + 1] = starts
+    input_buffers.query_start_loc[n + 1 :] = starts[n]
+    input_buffers.seq_lens[:n] = input_batch.seq_lens[:n]
+    input_buffers.seq_lens[n:] = 0
+    return last_token_indices
+
+
+def _prepare_decode_inputs(
+    draft_tokens: torch.Tensor,
+    target_seq_lens: torch.Tensor,
+    num_rejected: torch.Tensor,
+    input_buffers: Any,
+    sample_src_positions: torch.Tensor,
+    max_model_len: int,
+    max_num_reqs: int,
+    advance_draft_positions: bool = True,
+) -> None:
+    """The triton kernel's decode-input bookkeeping, in CPU torch: one query
+    token per request, positions and sequence lengths advanced (clamped at
+    ``max_model_len`` as the kernel clamps them)."""
+    n = draft_tokens.shape[0]
+    input_buffers.input_ids[:n] = draft_tokens
+    sample_src_positions[:n] += 1
+    seq_lens = target_seq_lens[:n].to(torch.int64) - num_rejected[:n].to(torch.int64)
+    if advance_draft_positions:
+        input_buffers.positions[:n] = torch.clamp(
+            input_buffers.positions[:n] + 1, max=max_model_len - 1
+        )
+        seq_lens = torch.clamp(seq_lens + 1, max=max_model_len)
+    input_buffers.seq_lens[:n] = seq_lens
+    input_buffers.seq_lens[n:max_num_reqs] = 0
+    input_buffers.query_start_loc[: max_num_reqs + 1] = torch.clamp(
+        torch.arange(max_num_reqs + 1), max=n
+    )
+
+
+def _update_draft_inputs(
+    draft_tokens: torch.Tensor,
+    current_draft_step: torch.Tensor,
+    hidden_states: torch.Tensor,
+    output_draft_tokens: torch.Tensor,
+    next_input_hidden_states: torch.Tensor,
+    input_buffers: Any,
+    sample_src_positions: torch.Tensor,
+    num_reqs: int,
+    max_model_len: int,
+    num_speculative_steps: int,
+    advance_draft_positions: bool = True,
+) -> None:
+    """The triton kernel's per-step update, in CPU torch: the step's draft
+    token written, and unless it was the last step, the next step's inputs."""
+    step = int(current_draft_step)
+    output_draft_tokens[:num_reqs, step] = draft_tokens[:num_reqs]
+    if step >= num_speculative_steps - 1:
+        return
+    sample_src_positions[:num_reqs] += 1
+    input_buffers.input_ids[:num_reqs] = draft_tokens[:num_reqs]
+    next_input_hidden_states[:num_reqs] = hidden_states[:num_reqs]
+    if advance_draft_positions:
+        input_buffers.positions[:num_reqs] = torch.clamp(
+            input_buffers.positions[:num_reqs] + 1, max=max_model_len - 1
+        )
+        input_buffers.seq_lens[:num_reqs] = torch.clamp(
+            input_buffers.seq_lens[:num_reqs] + 1, max=max_model_len
+        )
+
+
+def _compute_slot_mappings(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    num_tokens: int,
+) -> torch.Tensor:
+    """KV slots (a triton kernel over the block tables): opaque to DP."""
+    return torch.zeros(1, num_tokens, dtype=torch.int64)
+
+
+def _build_slot_mappings_by_layer(
+    slot_mappings: torch.Tensor, kv_cache_config: Any
+) -> dict[str, torch.Tensor]:
+    """Per-layer KV slots, read only by attention backends: none are modelled."""
+    return {}
+
+
+def _build_attn_metadata(**arguments: Any) -> dict[str, Any]:
+    """The attention backends' metadata, which only attention kernels read:
+    none is built (the real code around the call runs)."""
+    return {}
+
+
+def _batch_descriptor(num_tokens: int) -> Any:
+    """``forward_context.BatchDescriptor`` as the drafter builds it (only the
+    token count); the stood-in forward context does not read it."""
+    return standin("BatchDescriptor", num_tokens=num_tokens)
