@@ -88,6 +88,9 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
     "vllm.v1.outputs",
     "vllm.config.parallel",
     "vllm.forward_context",
+    "vllm.v1.worker.gpu.kv_connector",
+    "vllm.v1.worker.gpu.ec_connector",
+    "vllm.v1.worker.gpu.pcp_manager",
 )
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
