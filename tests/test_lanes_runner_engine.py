@@ -75,7 +75,7 @@ def test_wave_complete_moves_the_wave_and_requests_carry_it() -> None:
     coordinator.send_request(1, "req")
 
     assert coordinator.current_wave == 1 and not coordinator.engines_running
-    # 0.30+: the front-end only sends; the engine starts the wave itself.
+    # 0.33: the front-end only sends; the engine starts the wave itself.
     assert _drain(boxes[1]) == [(REQUEST_TYPES.ADD, ("req", 1))]
     assert boxes[0].empty()
     assert coordinator.log == [("start", 0, 0), ("complete", 0, 0)]

@@ -5,7 +5,7 @@ process moving ZMQ messages, and the engines see it only through their input
 queues (``START_DP_WAVE``, the requests a front-end sends) and their output
 queues (``start_wave`` / ``wave_complete`` outputs). What this model does,
 and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
-``DPCoordinatorProc.process_input_socket``, 0.29.0 and 0.33.0):
+``DPCoordinatorProc.process_input_socket``, 0.29.0 to 0.33.0):
 
 * An engine's output ``start_wave=w`` (engine ``e``): when ``w`` is newer than
   the coordinator's wave, or equal while the engines are not running, the
@@ -17,11 +17,11 @@ and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
 * Requests: a front-end stamps each request with the wave it last heard of
   (``request.current_wave``; here the coordinator's, i.e. publications reach
   it at once) and sends it to its engine. In releases whose coordinator also
-  wakes engines on a front-end's message (0.29.0: ``FIRST_REQ``, sent by
+  wakes engines on a front-end's message (0.29-0.32: ``FIRST_REQ``, sent by
   ``DPAsyncMPClient.add_request_async`` while it believes the engines
   paused), the front-end then tells the coordinator, which broadcasts
   ``START_DP_WAVE (wave, engine)`` (``None`` for a stale wave) when its
-  engines are not running. From 0.30 on, engines alone start waves
+  engines are not running. From 0.33 on, engines alone start waves
   (``DPEngineCoreProc.add_request`` emits ``start_wave``).
 * End of input: when no rank can run and every blocked rank is parked in its
   input mailbox (idle engines, no arrivals left), the front-end shuts the
@@ -93,7 +93,7 @@ class EngineCoreOutputs(StrictObject):
 
 def front_end_wakes_engines(coordinator_py: Path, version: str | None) -> bool:
     """Whether this release's coordinator starts a wave on a front-end's
-    message as well as on an engine's (0.29.0: yes; 0.30+: engines alone).
+    message as well as on an engine's (0.29-0.32: yes; 0.33: engines alone).
 
     Read from the release's ``coordinator.py``: its ``DPCoordinatorProc``
     calls ``_send_start_wave`` from the front-end branch and the engine
@@ -133,7 +133,7 @@ class Coordinator:
         #: ``engines_running`` in ``process_input_socket``).
         self.current_wave = 0
         self.engines_running = False
-        #: What the front-end believes (0.29's ``DPAsyncMPClient.engines_running``).
+        #: What the front-end believes (0.29-0.32's ``DPAsyncMPClient.engines_running``).
         self.front_end_running = False
         self._shutdowns: dict[int, Callable[[], None]] = {}
         self._shut_down: set[int] = set()

@@ -8,9 +8,10 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 
 * ``DPEngineCoreProc``: ``run_busy_loop`` (the dummy-batch decision, the wave
   bookkeeping), ``_has_global_unfinished_reqs`` over the real
-  ``ParallelConfig.sync_dp_state`` (0.30+: an instance method on the engine's
-  ``parallel_config``, step 1 and every ``dp_sync_interval`` steps; 0.29: a
-  staticmethod, every 32 steps), ``add_request`` and
+  ``ParallelConfig.sync_dp_state`` (0.30+: at step 1 and every
+  ``dp_sync_interval`` steps, 0.29: every 32 steps; through 0.32 a
+  staticmethod calling ``torch.distributed.all_reduce``, 0.33 a method of the
+  engine's ``parallel_config`` calling ``cpu_all_reduce_``), ``add_request`` and
   ``_handle_client_request`` (START_DP_WAVE), ``_maybe_publish_request_counts``
   (``publish_dp_lb_stats`` is False), ``_should_throttle_prefills``;
 * ``EngineCoreProc``: ``has_work``, ``is_running``, ``_process_input_queue``,
@@ -26,7 +27,7 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 The unfinished-requests all-reduce runs on the sim group
 :data:`~dpsim.records.groups.ENGINE_DP_GROUP`, the engine's own stateless DP
 group in vLLM (``stateless_init_dp_group``), apart from the model runner's
-``dp_cpu``. 0.30+'s ``cpu_all_reduce_`` (recursive doubling over gloo
+``dp_cpu``. 0.33's ``cpu_all_reduce_`` (recursive doubling over gloo
 point-to-point) is stood in for by one SUM all-reduce on that group: the
 same in-place result on every member, which is what the function promises.
 
@@ -49,7 +50,7 @@ Stood in (strict: anything else they are asked is a gap):
   aborts); ``time.sleep`` is a no-op (a rank with requests but nothing
   scheduled, e.g. a KV wait, loops without sleeping; the step budget bounds
   one that never makes progress); the logger and the watchdog
-  (``get_watch_dog``, 0.30+) do nothing; ``log_error_detail`` only lets the
+  (``get_watch_dog``, 0.33) do nothing; ``log_error_detail`` only lets the
   error through (vLLM's dumps diagnostics first, then re-raises);
 * ``@fault_tolerant_wrapper`` on ``run_busy_loop`` is dropped: with
   ``enable_fault_tolerance`` off (vLLM's default, and the lane's) it only
@@ -199,7 +200,7 @@ LOGGER = standin(
     error=_do_nothing,
     isEnabledFor=lambda level: False,
 )
-#: 0.30+'s engine watchdog: the lane has no wall clock to watch.
+#: 0.33's engine watchdog: the lane has no wall clock to watch.
 WATCH_DOG = standin(
     "WatchDog", feed=_do_nothing, disable=lambda: contextlib.nullcontext()
 )
@@ -211,7 +212,7 @@ TIME = standin("time", sleep=_do_nothing)
 def cpu_all_reduce_(
     tensor: torch.Tensor, group: Any, timeout: Any = None
 ) -> torch.Tensor:
-    """vLLM's ``cpu_all_reduce_`` (0.30+): an in-place SUM over ``group``,
+    """vLLM's ``cpu_all_reduce_`` (0.33): an in-place SUM over ``group``,
     bitwise identical on every member. One fake all-reduce gives the same."""
     runtime.DIST_PROXY.all_reduce(tensor, group=group)
     return tensor
@@ -542,8 +543,8 @@ def build_engine(
         _weight_version="default",
         batch_queue_size=batch_queue_size,
         batch_queue=deque(maxlen=batch_queue_size) if batch_queue_size > 1 else None,
-        is_mm_encoder_only=False,  # 0.30+
-        # 0.29: True without an EC transfer config (EngineCore.__init__); it
+        is_mm_encoder_only=False,  # 0.31+: a text MoE model
+        # 0.29-0.30: True without an EC transfer config (EngineCore.__init__); it
         # gates step_with_batch_queue's model_executed.
         is_ec_consumer=True,
         is_pooling_model=False,
