@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from dpsim.errors import UsageError
+from dpsim.lanes import DEFAULT_LANE, LANES
 from dpsim.limits import MAX_RANKS
 
 
@@ -58,3 +59,33 @@ def parse_runner(text: str | None, flag: str = "--runner") -> str | None:
     if text not in RUNNERS:
         raise UsageError(f"{flag} {text!r}: expected one of {', '.join(RUNNERS)}")
     return text
+
+
+LANE_HELP = (
+    "sync = the real DP sync under callers dpsim models (default); runner = "
+    "vLLM's real engine loop, worker, model runner and speculators per "
+    "virtual rank (V2 runner, vLLM 0.29+)"
+)
+
+
+def add_lane_argument(parser: argparse.ArgumentParser) -> None:
+    """``--lane sync|runner``; the sync lane by default."""
+    parser.add_argument("--lane", choices=LANES, default=DEFAULT_LANE, help=LANE_HELP)
+
+
+def check_lane(lane: str, runner: str | None, command: str) -> None:
+    """Refuse in one line what the runner lane cannot be combined with."""
+    if lane == "runner" and runner == "v1":
+        raise UsageError(
+            f"{command} --lane runner --runner v1: the runner lane drives the V2 "
+            "model runner only (the V1 runner's lane is issue 17)"
+        )
+
+
+def refuse_lane(lane: str, command: str) -> None:
+    """For commands not wired to the runner lane yet: refuse it in one line."""
+    if lane != "sync":
+        raise UsageError(
+            f"{command} --lane {lane}: not wired to the runner lane yet; "
+            f"`dpsim check --lane runner` and `dpsim replay` run it"
+        )

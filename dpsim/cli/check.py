@@ -33,8 +33,13 @@ from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS
-from dpsim.options import add_runner_argument, parse_ranks
-from dpsim.properties import PROPERTY_NAMES, not_run
+from dpsim.options import (
+    add_lane_argument,
+    add_runner_argument,
+    check_lane,
+    parse_ranks,
+)
+from dpsim.properties import ALL_PROPERTY_NAMES, PROPERTY_NAMES, not_run
 from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
 from dpsim.report import render_case_run
@@ -43,6 +48,8 @@ from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
 
 HELP = "run the property suite against a target (the main job)"
+#: The sync lane's DP sizes when --ranks is not given.
+DEFAULT_RANKS_TEXT = "2..16"
 EPILOG = f"""\
 scenarios:  {", ".join(SCENARIOS)} (default: all the target supports)
 properties: {", ".join(PROPERTY_NAMES)} (default: all)
@@ -55,6 +62,7 @@ examples:
   dpsim check --target ./dp_utils.py --vllm 0.33.0 --property agreement
   dpsim check --runner v1 --vllm 0.33.0       the V1 model runner's coordination
   dpsim check --profile contract --scenario step --json
+  dpsim check --lane runner --vllm 0.33.0     vLLM's real engine loop, runner, drafters
 
 Each failing scenario's shrunk counterexample is printed as a per-rank table
 and written to --out as JSON, with a pytest regression test beside it;
@@ -66,21 +74,21 @@ so far and writes what was found (exit 130); a second Ctrl-C stops at once.
 def register(commands: Any) -> None:
     parser = add_command(commands, "check", HELP, EPILOG)
     add_target_arguments(parser)
-    add_case_arguments(parser)
+    add_case_arguments(parser, ranks_default=None)
     parser.add_argument(
         "--property",
         action="append",
         default=[],
         metavar="NAME",
-        choices=PROPERTY_NAMES,
+        choices=ALL_PROPERTY_NAMES,
     )
     parser.add_argument(
         "--examples",
         type=int,
-        default=DEFAULT_EXAMPLES,
+        default=None,
         metavar="N",
-        help=f"cases generated per scenario (default {DEFAULT_EXAMPLES}); a failure "
-        "is then shrunk, which runs more cases, counted apart",
+        help=f"cases generated per scenario (default {DEFAULT_EXAMPLES}; the runner "
+        "lane's: 100); a failure is then shrunk, which runs more cases, counted apart",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
@@ -93,12 +101,16 @@ def register(commands: Any) -> None:
         "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    add_lane_argument(parser)
     allowances.add_arguments(parser)
     parser.set_defaults(run=run)
 
 
-def add_case_arguments(parser: argparse.ArgumentParser) -> None:
-    """What cases are drawn: scenarios, profile, DP sizes, a fixed policy."""
+def add_case_arguments(
+    parser: argparse.ArgumentParser, ranks_default: str | None = "2..16"
+) -> None:
+    """What cases are drawn: scenarios, profile, DP sizes, a fixed policy.
+    ``check`` leaves --ranks unset by default: its lanes default differently."""
     parser.add_argument(
         "--scenario",
         action="append",
@@ -110,9 +122,11 @@ def add_case_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="caller", choices=PROFILES)
     parser.add_argument(
         "--ranks",
-        default="2..16",
+        default=ranks_default,
         metavar="LO..HI",
-        help=f"DP sizes to try (or one N; at most {MAX_RANKS:,})",
+        help=f"DP sizes to try (or one N; at most {MAX_RANKS:,}; default "
+        f"{DEFAULT_RANKS_TEXT}"
+        + (", the runner lane's 2..4)" if ranks_default is None else ")"),
     )
     parser.add_argument(
         "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
@@ -154,14 +168,38 @@ def target_spec(arguments: argparse.Namespace) -> TargetSpec:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    if arguments.examples < 1:
+    if arguments.examples is not None and arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
+    lane = getattr(arguments, "lane", "sync")
+    check_lane(lane, arguments.runner, "check")
+    if lane == "runner":
+        return _run_runner_lane(arguments)
+    if arguments.examples is None:
+        arguments.examples = DEFAULT_EXAMPLES
+    if arguments.ranks is None:
+        arguments.ranks = DEFAULT_RANKS_TEXT
     parse_ranks(arguments.ranks)
     check_output_directory(Path(arguments.out), "--out")
     allowance = allowances.from_arguments(arguments)
     spec = target_spec(arguments)
     return run_isolated(
         lambda: _check(arguments, spec), allowance=allowance, json_errors=arguments.json
+    )
+
+
+def _run_runner_lane(arguments: argparse.Namespace) -> int:
+    """``--lane runner``: the real callers' check (:mod:`dpsim.cli.runner_lane`)."""
+    from dpsim.lanes.runner import commands as runner_lane
+
+    runner_lane.check_options(arguments)  # refusals before anything runs
+    check_output_directory(Path(arguments.out), "--out")
+    allowance = allowances.from_arguments(arguments)
+    spec = target_spec(arguments)
+    runner_lane.refuse_unsupported(spec)
+    return run_isolated(
+        lambda: runner_lane.check(arguments, spec),
+        allowance=allowance,
+        json_errors=arguments.json,
     )
 
 

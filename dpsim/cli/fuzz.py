@@ -23,6 +23,7 @@ from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
 from dpsim.isolation import EXIT_INTERRUPTED
+from dpsim.options import add_lane_argument, refuse_lane
 from dpsim.suite.config import SuiteOptions
 
 HELP = "fuzz the property suite continuously, N processes sharing one database"
@@ -75,10 +76,12 @@ def register(commands: Any) -> None:
         help=f"examples per round before a worker moves on (default {DEFAULT_BATCH})",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    add_lane_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    refuse_lane(arguments.lane, "fuzz")
     check_output_directory(Path(arguments.out), "--out")
     options = CampaignOptions(
         suite=SuiteOptions(

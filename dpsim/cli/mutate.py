@@ -33,7 +33,7 @@ from dpsim.mutate import (
     write,
 )
 from dpsim.mutate.files import SLOTS, mutated_file
-from dpsim.options import parse_ranks
+from dpsim.options import add_lane_argument, parse_ranks, refuse_lane
 from dpsim.records.case import PROFILES
 from dpsim.targets import DEFAULT_RELEASE, load_target
 
@@ -145,10 +145,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", metavar="DIR", help="write mutate.json and each survivor's diff here"
     )
+    add_lane_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    refuse_lane(arguments.lane, "mutate")
     if arguments.out:
         check_output_directory(Path(arguments.out), "--out")
     operators = select_operators(

@@ -20,6 +20,7 @@ from dpsim.cli import add_command
 from dpsim.cli.check import add_target_arguments
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
+from dpsim.lanes.runner.case import is_runner_file
 from dpsim.properties import Evidence
 from dpsim.records.case import Case
 from dpsim.replay import (
@@ -76,7 +77,11 @@ examples:
 
 def register(commands: Any) -> None:
     parser = add_command(commands, "replay", HELP, EPILOG)
-    parser.add_argument("file", metavar="FILE", help="a counterexample JSON file")
+    parser.add_argument(
+        "file",
+        metavar="FILE",
+        help="a counterexample JSON file, or a runner lane case file",
+    )
     add_target_arguments(parser)
     parser.add_argument("--backend", default="sim", choices=("sim", *BACKENDS))
     parser.add_argument(
@@ -92,6 +97,9 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    data = cex.files.load_json(Path(arguments.file))
+    if is_runner_file(data):
+        return _replay_runner_case(arguments, data)
     counterexample = cex.read(Path(arguments.file))
     chosen = choose(
         counterexample,
@@ -114,6 +122,17 @@ def run(arguments: argparse.Namespace) -> int:
     # target that exits or crashes it cannot end the replay as "holds now".
     return run_isolated(
         lambda: _replay(arguments, counterexample, chosen),
+        allowance=allowances.from_arguments(arguments),
+        json_errors=arguments.json,
+    )
+
+
+def _replay_runner_case(arguments: argparse.Namespace, data: Any) -> int:
+    """A runner-lane case file: rerun through the release's real callers."""
+    from dpsim.lanes.runner import commands
+
+    return run_isolated(
+        lambda: commands.replay(arguments, data),
         allowance=allowances.from_arguments(arguments),
         json_errors=arguments.json,
     )

@@ -9,7 +9,12 @@ from typing import Any
 from dpsim.check import CheckOptions
 from dpsim.cli import add_command, check_output_directory
 from dpsim.errors import UsageError
-from dpsim.options import add_runner_argument, parse_ranks
+from dpsim.options import (
+    add_lane_argument,
+    add_runner_argument,
+    parse_ranks,
+    refuse_lane,
+)
 from dpsim.records.case import PROFILES
 from dpsim.targets import parse_target
 from dpsim.versions import (
@@ -63,10 +68,12 @@ def register(commands: Any) -> None:
         "--workers", type=int, metavar="N", help="processes (default: cores)"
     )
     parser.add_argument("--out", default="dpsim-out/versions", metavar="DIR")
+    add_lane_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    refuse_lane(arguments.lane, "versions")
     check_output_directory(Path(arguments.out), "--out")
     if arguments.specs:
         requests = [

@@ -1,0 +1,203 @@
+"""``dpsim check --lane runner``'s engine: draw runner cases, run, judge, shrink.
+
+Hypothesis draws whole runner cases (:func:`runner_cases`: engine options and
+per-rank request streams from :mod:`dpsim.lanes.runner.generate`, a capture
+policy the engine's options fit, a seed), each runs through the release's real
+callers (:func:`~dpsim.lanes.runner.run.run_runner_case`) and the runner
+lane's properties judge its trace. As in the sync lane's check
+(:mod:`dpsim.check`), the first failure fixes the property chased, shrinking
+keeps only cases failing that same property, generation is seeded and no
+example database is read, so a target, options and seed give the same
+counterexample byte for byte. A case the lane cannot drive (a gap, a part
+refusing the release) ends the check with that one-line refusal: no verdict
+is not a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from random import Random
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+from dpsim.capture.strategies import MODES_SIMPLEST_FIRST
+from dpsim.properties import Property, Verdict, judge, select_for_runner_lane
+from dpsim.records.policy import (
+    CapturePolicy,
+    vllm_default_max_capture_size,
+    vllm_default_sizes,
+)
+from dpsim.scenarios.generate import seeded_draws_only
+from dpsim.targets.load import Target
+
+from .case import SCENARIO, RunnerCase
+from .generate import engine_options, workloads
+from .run import RunnerResult, run_runner_case
+from .stream import EngineOptions
+
+#: Cases per check by default: a few seconds at the lane's cost per case.
+DEFAULT_RUNNER_EXAMPLES = 100
+#: DP sizes drawn by default (the lane runs whole engines: small is plenty).
+DEFAULT_RUNNER_RANKS = (2, 4)
+
+#: Called as ``progress(examples_run, examples_planned)``.
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class RunnerCheckOptions:
+    properties: tuple[str, ...] = ()
+    ranks: tuple[int, int] = DEFAULT_RUNNER_RANKS
+    examples: int = DEFAULT_RUNNER_EXAMPLES
+    seed: int = 0
+    #: Only these speculators (None: no speculator); all when empty.
+    speculators: tuple[str | None, ...] = ()
+    shrink: bool = True
+
+
+@dataclass(frozen=True)
+class RunnerFinding:
+    """A shrunk runner case and what it showed."""
+
+    case: RunnerCase
+    run: RunnerResult
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def primary(self) -> Verdict:
+        return self.verdicts[0]
+
+
+@dataclass(frozen=True)
+class RunnerCheckReport:
+    target: Target
+    options: RunnerCheckOptions
+    properties: tuple[Property, ...]
+    #: Every case run, shrink attempts included (``shrinking`` of them).
+    examples: int
+    shrinking: int
+    seconds: float
+    finding: RunnerFinding | None
+
+    @property
+    def passed(self) -> bool:
+        return self.finding is None
+
+    @property
+    def scenario(self) -> str:
+        return SCENARIO
+
+
+def runner_cases(
+    *,
+    ranks: tuple[int, int] = DEFAULT_RUNNER_RANKS,
+    speculators: tuple[str | None, ...] = (),
+) -> st.SearchStrategy[RunnerCase]:
+    """Runner cases: options and streams (C's strategies), a policy those
+    options fit, and a seed; every part shrinks towards less."""
+    options = engine_options(speculators=speculators) if speculators else None
+    return _runner_cases(
+        workloads(min_ranks=ranks[0], max_ranks=ranks[1], options=options)
+    )
+
+
+@st.composite
+def _runner_cases(draw: Any, workload: st.SearchStrategy[Any]) -> RunnerCase:
+    options, streams = draw(workload)
+    return RunnerCase(
+        draw(policies_for(options)), options, streams, seed=draw(st.integers(0, 3))
+    )
+
+
+def policies_for(options: EngineOptions) -> st.SearchStrategy[CapturePolicy]:
+    """Capture policies of a deployment with ``options``: a graph mode, vLLM's
+    default grid (its ceiling from max_num_seqs and the decode length) or
+    powers of two, sizes within the token budget, the decode length 1 + k.
+    No LoRA, no microbatching, no separate drafter table: the lane refuses
+    the first two, and the speculators build theirs from this one."""
+    return _policies_for(options)
+
+
+@st.composite
+def _policies_for(draw: Any, options: EngineOptions) -> CapturePolicy:
+    mode = draw(st.sampled_from(MODES_SIMPLEST_FIRST))
+    decode = options.decode_query_len
+    budget = options.max_num_batched_tokens
+    if draw(st.booleans()):
+        ceiling = vllm_default_max_capture_size(options.max_num_seqs, decode)
+        sizes = vllm_default_sizes(min(ceiling, budget))
+    else:
+        sizes = tuple(1 << k for k in range(budget.bit_length()) if 1 << k <= budget)
+    return CapturePolicy(
+        capture_sizes=sizes or (1,),
+        cudagraph_mode=mode,
+        max_num_seqs=options.max_num_seqs,
+        decode_query_len=decode,
+    )
+
+
+def evaluate(
+    target: Target, case: RunnerCase, properties: tuple[Property, ...]
+) -> tuple[RunnerResult, list[Verdict]]:
+    """Run one runner case and judge it (TargetError when the lane cannot)."""
+    run = run_runner_case(target, case)
+    return run, judge(case, run.result, properties)
+
+
+def run_runner_check(
+    target: Target, options: RunnerCheckOptions, progress: Progress | None = None
+) -> RunnerCheckReport:
+    properties = select_for_runner_lane(options.properties)
+    strategy = runner_cases(ranks=options.ranks, speculators=options.speculators)
+    chased: list[str] = []
+    examples = 0
+    generated = 0
+    started = time.perf_counter()
+
+    def fails(case: RunnerCase) -> bool:
+        nonlocal examples, generated
+        examples += 1
+        if progress is not None:
+            progress(examples, options.examples)
+        _, verdicts = evaluate(target, case, properties)
+        if not verdicts:
+            return False
+        if not chased:
+            generated = examples
+            chased.append(verdicts[0].property)
+        return any(verdict.property == chased[0] for verdict in verdicts)
+
+    config = settings(
+        max_examples=options.examples,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate,) + ((Phase.shrink,) if options.shrink else ()),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+    finding = None
+    try:
+        with seeded_draws_only():
+            minimal = find(
+                strategy, fails, settings=config, random=Random(options.seed)
+            )
+    except (NoSuchExample, Unsatisfiable):
+        pass
+    else:
+        run, verdicts = evaluate(target, minimal, properties)
+        ordered = sorted(verdicts, key=lambda verdict: verdict.property != chased[0])
+        finding = RunnerFinding(minimal, run, tuple(ordered))
+    return RunnerCheckReport(
+        target,
+        options,
+        properties,
+        examples,
+        examples - generated if chased else 0,
+        time.perf_counter() - started,
+        finding,
+    )

@@ -1,0 +1,366 @@
+"""The runner lane's side of ``dpsim check`` and ``dpsim replay``.
+
+``check --lane runner`` draws runner cases (:mod:`dpsim.lanes.runner.check`),
+prints a progress line as the sync lane's check does, and writes a failing
+case, shrunk, as a runner case file (:mod:`dpsim.lanes.runner.case`) under
+``--out``. ``replay`` reruns such a file on the recorded target (or the one
+named) and says whether the failure reproduces byte for byte. Exit status as
+the sync lane's: 0 every property held, 1 one failed, 2 a usage or target
+error, including a release or case the lane cannot drive.
+
+They live with the lane, not in :mod:`dpsim.cli` (whose every module is
+imported to find its commands): ``check`` and ``replay`` import this module
+only when a runner-lane run or file asks for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import dpsim
+from dpsim.cli.progress import StatusLine
+from dpsim.errors import UsageError
+from dpsim.lanes.runner import case as runner_case
+from dpsim.lanes.runner.case import RunnerCase, RunnerCaseFile
+from dpsim.lanes.runner.check import (
+    DEFAULT_RUNNER_EXAMPLES,
+    DEFAULT_RUNNER_RANKS,
+    RunnerCheckOptions,
+    RunnerCheckReport,
+    run_runner_check,
+)
+from dpsim.lanes.runner.run import RunnerResult, run_runner_case, sources_for
+from dpsim.lanes.runner.sources import RUNNER_LANE_MODULES, check_runner_lane_release
+from dpsim.options import parse_ranks
+from dpsim.properties import (
+    NOT_FOR_RUNNER_LANE,
+    Evidence,
+    Verdict,
+    judge,
+    select_for_runner_lane,
+)
+from dpsim.records.trace import SimResult
+from dpsim.report import describe_policy, phase_table
+from dpsim.sim.render import render_table
+from dpsim.targets import TargetSpec, load_spec
+from dpsim.targets.load import Target
+from dpsim.targets.spec import ReleaseSpec
+from dpsim.terminal import printable
+
+#: Sync-lane options that mean nothing to the runner lane's check.
+_SYNC_ONLY_OPTIONS = (
+    ("scenario", "--scenario"),
+    ("policy", "--policy"),
+    ("db", "--db"),
+    ("caller_file", "--caller-file"),
+)
+
+
+def refuse_sync_only_options(arguments: argparse.Namespace, command: str) -> None:
+    for name, flag in _SYNC_ONLY_OPTIONS:
+        if getattr(arguments, name, None):
+            raise UsageError(f"{command} --lane runner: {flag} is the sync lane's")
+    if getattr(arguments, "profile", "caller") != "caller":
+        raise UsageError(f"{command} --lane runner: --profile is the sync lane's")
+
+
+def check_options(arguments: argparse.Namespace) -> RunnerCheckOptions:
+    """The runner check's options from ``check``'s arguments (its own
+    defaults where the sync lane's flags were left unset)."""
+    refuse_sync_only_options(arguments, "check")
+    ranks = parse_ranks(arguments.ranks) if arguments.ranks else DEFAULT_RUNNER_RANKS
+    if ranks[0] < 1:
+        raise UsageError("--ranks: at least 1")
+    select_for_runner_lane(arguments.property)  # unknown names: one line, now
+    return RunnerCheckOptions(
+        properties=tuple(dict.fromkeys(arguments.property)),
+        ranks=ranks,
+        examples=arguments.examples
+        if arguments.examples is not None
+        else DEFAULT_RUNNER_EXAMPLES,
+        seed=arguments.seed,
+    )
+
+
+def refuse_unsupported(spec: TargetSpec) -> None:
+    """Refuse, before anything is fetched, a release the lane cannot drive."""
+    if isinstance(spec.base, ReleaseSpec):
+        check_runner_lane_release(spec.base.version)
+
+
+def check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
+    """``dpsim check --lane runner``, in the child process ``run_isolated`` forks."""
+    options = check_options(arguments)
+    target = load_spec(spec)
+    line = None if arguments.json else StatusLine()
+
+    def progress(done: int, planned: int) -> None:
+        assert line is not None
+        line.show(f"checking {target.label} · runner lane · {done}/{planned} cases")
+
+    try:
+        report = run_runner_check(target, options, progress if line else None)
+    finally:
+        if line is not None:
+            line.close()
+    written = None
+    if report.finding is not None:
+        written = save(target, report, Path(arguments.out))
+    if arguments.json:
+        print(json.dumps(summary(report, written), sort_keys=True))
+    else:
+        print(render_report(report, written))
+    return 0 if report.passed else 1
+
+
+def target_record(target: Target) -> dict[str, Any]:
+    """The target as a runner case file records it: as a counterexample
+    does, plus the SHA-256 of every runner-lane file the target has."""
+    sources = sources_for(target)
+    lane_files = {}
+    for module in RUNNER_LANE_MODULES:
+        if module.endswith(".*"):
+            continue  # packages: their modules are recorded by name below
+        found = sources.file_of(module)
+        if found is not None:
+            lane_files[module] = hashlib.sha256(found.read_bytes()).hexdigest()
+    return {
+        "label": target.label,
+        "spec": target.spec.to_dict(),
+        "version": target.version,
+        "files": {loaded.module: loaded.sha256 for loaded in target.files},
+        "lane_files": lane_files,
+    }
+
+
+def save(target: Target, report: RunnerCheckReport, out: Path) -> Path:
+    finding = report.finding
+    assert finding is not None
+    return RunnerCaseFile(
+        target=target_record(target),
+        case=finding.case,
+        properties=tuple(prop.name for prop in report.properties),
+        verdicts=tuple(verdict.to_dict() for verdict in finding.verdicts),
+        outcome=finding.run.result.outcome.value,
+        trace=finding.run.result.to_dict(),
+        dpsim_version=dpsim.__version__,
+    ).write(out)
+
+
+def summary(report: RunnerCheckReport, written: Path | None) -> dict[str, Any]:
+    finding = report.finding
+    return {
+        "lane": "runner",
+        "verdict": "pass" if report.passed else "fail",
+        "target": report.target.label,
+        "property": finding.primary.property if finding else None,
+        "message": str(finding.primary) if finding else None,
+        "examples": report.examples,
+        "generated": report.examples - report.shrinking,
+        "shrinking": report.shrinking,
+        "seconds": round(report.seconds, 3),
+        "counterexample": str(written) if written else None,
+        "properties_not_run": dict(NOT_FOR_RUNNER_LANE),
+    }
+
+
+def render_case(title: str, case: RunnerCase, run: RunnerResult) -> str:
+    """A runner case, its syncs per forward step, and where each rank stood."""
+    options = case.options
+    speculator = (
+        f", speculator {options.speculator} k={options.num_speculative_tokens}"
+        if options.speculator
+        else ""
+    )
+    lines = [
+        printable(title),
+        f"  runner lane, {case.dp_size} ranks, seed {case.seed}"
+        + (", async scheduling" if options.async_scheduling else "")
+        + speculator,
+        f"  engine: max_num_seqs {options.max_num_seqs}, max_num_batched_tokens "
+        f"{options.max_num_batched_tokens}, max_model_len {options.max_model_len}, "
+        f"dp_sync_interval {options.dp_sync_interval}",
+        f"  policy: {describe_policy(case.policy)}",
+        "",
+        "requests (rank: id arrival prompt+output [kv wait] [accepted]):",
+    ]
+    for rank, stream in enumerate(case.streams):
+        shown = [
+            f"{r.req_id}@{r.arrival} {r.prompt_len}+{r.output_len}"
+            + (f" kv{r.kv_wait}" if r.kv_wait else "")
+            + (f" acc{list(r.accepted)}" if r.accepted else "")
+            for r in stream.requests
+        ]
+        lines.append(f"  {rank}: " + (", ".join(shown) if shown else "(idle)"))
+    lines.append("")
+    evidence = Evidence(case, run.result)
+    for phase in evidence.phases:
+        lines.append(f"{printable(phase.name)}:")
+        lines.extend("  " + row for row in phase_table(phase).splitlines())
+        lines.append("")
+    lines.append("where each rank stands:")
+    lines.extend("  " + row for row in render_table(run.result).splitlines())
+    stood = [
+        f"  rank {rank}: " + " <- ".join(stack[:4])
+        for rank, stack in enumerate(run.stood_at)
+        if stack
+    ]
+    if stood:
+        lines.append("")
+        lines.append("in vLLM (innermost first):")
+        lines.extend(printable(line) for line in stood)
+    return "\n".join(lines)
+
+
+def render_report(report: RunnerCheckReport, written: Path | None) -> str:
+    options = report.options
+    low, high = options.ranks
+    lines = [
+        f"dpsim check --lane runner: {report.target.label}, ranks {low}..{high}, "
+        f"{options.examples} examples, seed {options.seed}",
+        "  not judged on the runner lane: "
+        + "; ".join(f"{name} ({why})" for name, why in NOT_FOR_RUNNER_LANE.items()),
+    ]
+    finding = report.finding
+    status = f"FAIL  {finding.primary}" if finding else "pass"
+    lines.append(
+        f"  runner   {report.examples - report.shrinking:>6} examples + "
+        f"{report.shrinking:>5} shrinking {report.seconds:6.1f}s  {status}"
+    )
+    if finding is not None:
+        lines.append("")
+        lines.append(
+            render_case(
+                f"counterexample (shrunk): {finding.primary}", finding.case, finding.run
+            )
+        )
+        if len(finding.verdicts) > 1:
+            lines.append("")
+            lines.append("it also breaks:")
+            lines.extend(f"  {verdict}" for verdict in finding.verdicts[1:])
+        lines.append("")
+        lines.append(f"written: {written}")
+        lines.append(f"replay:  dpsim replay {written}")
+    lines.append("")
+    verdict = "PASS" if report.passed else "FAIL"
+    lines.append(
+        f"result: {verdict}: {report.examples} runner cases, {report.shrinking} of "
+        f"them while shrinking ({report.seconds:.1f}s)"
+    )
+    return "\n".join(lines)
+
+
+# -- replay -----------------------------------------------------------------------
+
+
+def replay(arguments: argparse.Namespace, data: Any) -> int:
+    """``dpsim replay`` of a runner case file (already parsed as JSON)."""
+    path = Path(arguments.file)
+    recorded = runner_case.parse(data, path)
+    if getattr(arguments, "backend", "sim") != "sim":
+        raise UsageError(
+            f"replay --backend {arguments.backend}: runner case files replay on the "
+            "simulator only (the gloo lane does not run the runner lane yet)"
+        )
+    if arguments.runner == "v1":
+        raise UsageError(
+            "replay --runner v1: a runner case drives the V2 model runner only "
+            "(the V1 runner's lane is issue 17)"
+        )
+    if arguments.target or arguments.caller_file:
+        raise UsageError(
+            "replay of a runner case: --target and --caller-file are the sync lane's; "
+            "name another vLLM with --vllm"
+        )
+    spec = recorded.target["spec"]
+    vllm = arguments.vllm or str(spec["base"])
+    from dpsim.targets import parse_target
+
+    target = load_spec(parse_target(vllm, spec.get("dp_utils_file"), runner="v2"))
+    if arguments.vllm is None:
+        _check_recorded(recorded, target)
+    run = run_runner_case(target, recorded.case)
+    properties = select_for_runner_lane(recorded.properties)
+    verdicts = judge(recorded.case, run.result, properties)
+    same = _same(recorded, run.result, verdicts)
+    if arguments.json:
+        print(
+            json.dumps(
+                {
+                    "file": str(path),
+                    "lane": "runner",
+                    "recorded_target": recorded.target.get("label"),
+                    "target": target.label,
+                    "status": same,
+                    "verdict": "fail" if verdicts else "pass",
+                    "outcome": run.result.outcome.value,
+                    "verdicts": [verdict.to_dict() for verdict in verdicts],
+                },
+                sort_keys=True,
+            )
+        )
+    else:
+        first = recorded.verdicts[0] if recorded.verdicts else None
+        print(
+            "\n".join(
+                [
+                    f"dpsim replay: {printable(path)} (runner lane)",
+                    f"  recorded on {printable(recorded.target.get('label'))}: "
+                    + printable(
+                        f"{first['property']}: {first['message']}"
+                        if first
+                        else recorded.outcome
+                    ),
+                    f"  rerun on    {printable(target.label)} (simulator)",
+                    "",
+                    render_case(_title(verdicts), recorded.case, run),
+                    "",
+                    _STATUS[same],
+                ]
+            )
+        )
+    return 1 if verdicts else 0
+
+
+_STATUS = {
+    "reproduced": "the failure reproduces: same verdicts and trace, byte for byte",
+    "same-verdicts": "the bug is still there: the same verdicts (the trace differs)",
+    "holds": "every property holds now: the bug is not there on this target",
+    "different": "a property still fails, but not as recorded",
+}
+
+
+def _title(verdicts: list[Verdict]) -> str:
+    return "simulated: " + (str(verdicts[0]) if verdicts else "every property holds")
+
+
+def _same(recorded: RunnerCaseFile, result: SimResult, verdicts: list[Verdict]) -> str:
+    now = [verdict.to_dict() for verdict in verdicts]
+    if not verdicts:
+        return "holds"
+    if now != list(recorded.verdicts):
+        return "different"
+    canonical = json.dumps(result.to_dict(), indent=1, sort_keys=True)
+    if canonical == json.dumps(recorded.trace, indent=1, sort_keys=True):
+        return "reproduced"
+    return "same-verdicts"
+
+
+def _check_recorded(recorded: RunnerCaseFile, target: Target) -> None:
+    """Refuse a recorded target whose sources changed (hashes only)."""
+    files = dict(recorded.target.get("files", {}))
+    loaded = {item.module: item.sha256 for item in target.files}
+    lane = recorded.target.get("lane_files", {})
+    now_lane = target_record(target)["lane_files"] if lane else {}
+    for module, digest in [*files.items(), *lane.items()]:
+        now = loaded.get(module, now_lane.get(module))
+        if now != digest:
+            raise UsageError(
+                f"the runner case's target changed: {printable(module)} differs from "
+                "the record; pass --vllm explicitly to run it anyway: that is how a "
+                "fix is verified"
+            )

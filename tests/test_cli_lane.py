@@ -1,0 +1,84 @@
+"""``--lane`` on the commands: the runner lane where it is wired, one-line
+refusals where it is not or cannot be combined.
+
+Fast tier: every refusal is decided from the options, before anything is
+fetched or loaded. The release-marked tests run ``check --lane runner`` and
+``replay`` of the file it writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dpsim.cli import build_parser, main
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    return line
+
+
+def test_check_takes_a_lane_and_defaults_to_sync() -> None:
+    assert build_parser().parse_args(["check"]).lane == "sync"
+    assert build_parser().parse_args(["check", "--lane", "runner"]).lane == "runner"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (
+            ["check", "--lane", "runner", "--runner", "v1"],
+            "check --lane runner --runner v1: the runner lane drives the V2 model "
+            "runner only (the V1 runner's lane is issue 17)",
+        ),
+        (
+            ["check", "--lane", "runner", "--scenario", "step"],
+            "check --lane runner: --scenario is the sync lane's",
+        ),
+        (
+            ["check", "--lane", "runner", "--profile", "contract"],
+            "check --lane runner: --profile is the sync lane's",
+        ),
+        (
+            ["check", "--lane", "runner", "--property", "graph-choice"],
+            "property 'graph-choice' is not run on the runner lane",
+        ),
+        (
+            ["check", "--property", "dummy-shape"],
+            "unknown property 'dummy-shape'",
+        ),
+        (["check", "--lane", "runner", "--examples", "0"], "--examples must be"),
+        (["check", "--lane", "bus"], "argument --lane: invalid choice: 'bus'"),
+        (["versions", "--lane", "runner"], "versions --lane runner: not wired"),
+        (["fuzz", "--lane", "runner"], "fuzz --lane runner: not wired"),
+        (["mutate", "--lane", "runner"], "mutate --lane runner: not wired"),
+    ],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else "",
+)
+def test_what_the_runner_lane_cannot_do_is_one_line_exit_2(
+    arguments: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(arguments) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith("dpsim: error: ") and says in line
+
+
+def test_a_release_before_the_runner_lane_is_refused_unfetched(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    arguments = ["check", "--lane", "runner", "--vllm", "0.28.0"]
+    assert main([*arguments, "--out", str(tmp_path)]) == 2
+    assert "older than the runner lane supports" in _one_error_line(capsys)
+
+
+def test_replay_refuses_a_malformed_runner_file_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps({"kind": "dpsim-runner-case", "schema": 1}))
+    assert main(["replay", str(path)]) == 2
+    line = _one_error_line(capsys)
+    assert "malformed runner case" in line and str(path) in line
