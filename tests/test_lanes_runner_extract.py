@@ -33,6 +33,8 @@ def tag(label):
 
 class Runner(Base):
     limit: int = 3
+    modes = ("a", "b")
+    computed = limit + 1
 
     def __init__(self) -> None:
         raise RuntimeError("builds GPU state")
@@ -200,8 +202,12 @@ def test_a_method_not_kept_is_a_gap_and_absent_is_a_probe(fake: Path) -> None:
 
 
 def test_class_attributes_are_supplied(fake: Path) -> None:
-    cls = _runner(fake, ["step"], class_attributes={"scale": 10})
+    cls = _runner(fake, ["step"], class_attributes={"scale": 10, "limit": 4})
     assert instance(cls).step(2) == [100, 110]
+    assert (cls.limit, cls.modes) == (4, ("a", "b"))  # literal settings kept
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        instance(cls).computed  # noqa: B018 - not a literal: not kept
+    assert gaps == ["Runner.computed read at (no vLLM frame on the stack)"]
 
 
 def test_a_missing_method_or_class_is_one_line(fake: Path) -> None:

@@ -5,8 +5,9 @@ vLLM's runner-side classes (``GPUModelRunner``, ``Worker``, the speculators,
 state in ``__init__``. The lane runs their real methods anyway:
 :func:`real_class` parses the file with the targets' one reader
 (:func:`~dpsim.targets.shim.parse_source`), keeps only the named methods of
-the class (properties, setters and cached properties included), strips
-annotations, gives every loop the shim's tick, and executes a synthesized
+the class (properties, setters and cached properties included) and its
+class-level settings with literal values (``num_query_per_req: int = 1``),
+strips annotations, gives every loop the shim's tick, and executes a synthesized
 ``class Name(*bases): <the kept methods>`` compiled with the REAL file name
 and line numbers: tracebacks, :mod:`~dpsim.lanes.runner.where`, coverage and
 zero-argument ``super()`` (which needs a real class statement for
@@ -79,7 +80,10 @@ def real_class(
 
     ``absent``: attributes the real object lacks too (``ABSENT``, so
     ``getattr`` probes take their default); ``class_attributes``: class-level
-    names vLLM's class body defines that the methods read via ``self``.
+    names vLLM's class body defines with a non-literal value that the methods
+    read via ``self`` (literal ones are kept from the file; these win).
+    A ``global`` statement in a kept method writes the rebuilt class's own
+    copy of ``globals_``, not the mapping passed.
     A missing class or method is a one-line :class:`TargetError`.
     """
     # Keys normalised the way the file's decorators are (quotes, spacing).
@@ -90,12 +94,15 @@ def real_class(
     owner = _owner(path, version)
     found = _class_node(path, class_name, version)
     wanted = list(dict.fromkeys(methods))
-    kept: list[ast.FunctionDef | ast.AsyncFunctionDef] = [
-        copy.deepcopy(node)  # the transformers below edit in place
-        for node in found.body
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        and node.name in wanted
-    ]
+    kept: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
+    body: list[ast.stmt] = []
+    for node in found.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if node.name in wanted:
+                kept.append(copy.deepcopy(node))  # transformers edit in place
+                body.append(kept[-1])
+        elif _literal_setting(node):
+            body.append(copy.deepcopy(node))
     have = {node.name for node in kept}
     for name in wanted:
         if name not in have:
@@ -115,7 +122,7 @@ def real_class(
         name=class_name,
         bases=[],
         keywords=[],
-        body=[*kept],
+        body=body,
         decorator_list=[],
     )
     for index, base in enumerate(bases):
@@ -179,6 +186,25 @@ def _class_node(path: Path, class_name: str, version: str | None) -> ast.ClassDe
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             return node
     raise TargetError(f"runner lane: {_owner(path, version)} has no class {class_name}")
+
+
+def _literal_setting(node: ast.stmt) -> bool:
+    """Whether ``node`` is a class-level setting with a literal value
+    (``num_query_per_req: int = 1``): the rebuilt class keeps those, as the
+    real one has them and they cannot run anything."""
+    if isinstance(node, ast.Assign):
+        targets, value = node.targets, node.value
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        targets, value = [node.target], node.value
+    else:
+        return False
+    if not all(isinstance(target, ast.Name) for target in targets):
+        return False
+    try:
+        ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _decorator(
