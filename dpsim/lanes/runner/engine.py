@@ -67,7 +67,6 @@ abort and drain modes do the same.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import logging
@@ -89,7 +88,7 @@ from dpsim.lanes.runner.coordinator import (
     EngineCoreOutputs,
     front_end_wakes_engines,
 )
-from dpsim.lanes.runner.extract import real_class
+from dpsim.lanes.runner.extract import class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import StrictObject, instance, standin
@@ -97,7 +96,7 @@ from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.world import current_world
 from dpsim.targets import runtime
-from dpsim.targets.shim import TORCH_VIEW, parse_source
+from dpsim.targets.shim import TORCH_VIEW
 
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 PARALLEL_CONFIG_MODULE = "vllm.config.parallel"
@@ -384,7 +383,7 @@ def engine_classes(sources: Sources) -> EngineClasses:
 def _engine_classes(
     core: Path, parallel: Path, coordinator: Path, version: str | None, pause_state: Any
 ) -> EngineClasses:
-    config_methods = _methods(parallel, "ParallelConfig", _PARALLEL_CONFIG)
+    config_methods = _methods(parallel, "ParallelConfig", _PARALLEL_CONFIG, version)
     parallel_config = real_class(
         parallel,
         "ParallelConfig",
@@ -419,7 +418,7 @@ def _engine_classes(
     core_cls = real_class(
         core,
         "EngineCore",
-        _methods(core, "EngineCore", _ENGINE_CORE),
+        _methods(core, "EngineCore", _ENGINE_CORE, version),
         version=version,
         globals_=globals_,
         decorators=_DECORATORS,
@@ -427,7 +426,7 @@ def _engine_classes(
     proc_cls = real_class(
         core,
         "EngineCoreProc",
-        _methods(core, "EngineCoreProc", _ENGINE_CORE_PROC),
+        _methods(core, "EngineCoreProc", _ENGINE_CORE_PROC, version),
         version=version,
         globals_=globals_,
         bases=(core_cls,),
@@ -436,7 +435,7 @@ def _engine_classes(
     dp_cls = real_class(
         core,
         "DPEngineCoreProc",
-        _methods(core, "DPEngineCoreProc", _DP_ENGINE_CORE_PROC),
+        _methods(core, "DPEngineCoreProc", _DP_ENGINE_CORE_PROC, version),
         version=version,
         globals_=globals_,
         bases=(proc_cls,),
@@ -453,21 +452,16 @@ def _engine_classes(
 
 
 def _methods(
-    path: Path, class_name: str, wanted: tuple[tuple[str, ...], tuple[str, ...]]
+    path: Path,
+    class_name: str,
+    wanted: tuple[tuple[str, ...], tuple[str, ...]],
+    version: str | None,
 ) -> list[str]:
     """The required methods and those optional ones ``class_name`` defines."""
     required, optional = wanted
     if not optional:
         return list(required)
-    _, tree = parse_source(path)
-    defined: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            defined = {
-                item.name
-                for item in node.body
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
-            }
+    defined = class_methods(path, class_name, version=version)
     return [*required, *(name for name in optional if name in defined)]
 
 
