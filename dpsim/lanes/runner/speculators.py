@@ -185,6 +185,8 @@ class Sources(Protocol):
     def version(self) -> str | None: ...
     @property
     def package_dir(self) -> Path: ...
+    @property
+    def target(self) -> Target: ...
     def path(self, module: str) -> Path: ...
     def has(self, module: str) -> bool: ...
 
@@ -217,16 +219,16 @@ def build_speculator(
     rank: int,
     dp_size: int,
     *,
-    target: Target,
     sync: Sync,
+    target: Target | None = None,
 ) -> Any:
     """Rank ``rank``'s speculator for ``options.speculator``, or None without one.
 
-    ``target`` is the sync lane's loaded target of the same release (its
-    graph-mode enum, descriptors and manager class, which the drafter's
-    managers share with the model runner's); ``sync`` is what the
-    speculator's ``dispatch_cg_and_sync_dp`` calls on this rank (its sync
-    recorder). Buffers are per rank, CPU tensors sized as vLLM sizes them
+    ``sync`` is what the speculator's ``dispatch_cg_and_sync_dp`` calls on
+    this rank (its sync recorder); ``target`` the sync lane's loaded target of
+    the same release, ``sources.target`` by default (its graph-mode enum,
+    descriptors and manager class, which the drafter's managers share with
+    the model runner's: enum members compare by identity). Buffers are per rank, CPU tensors sized as vLLM sizes them
     from ``options``; the drafter's graph managers are built by the real
     ``init_cudagraph_manager`` from the policy's drafter table
     (:func:`dpsim.scenarios.run.tables_for`).
@@ -244,6 +246,7 @@ def build_speculator(
             f"runner lane: the policy's decode_query_len ({policy.decode_query_len}) "
             f"must be 1 + num_speculative_tokens ({1 + k}), as vLLM derives it"
         )
+    target = target or sources.target
     classes = speculator_classes(sources, target)
     made = classes.kinds.get(kind)
     if made is None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
 
+from dpsim.lanes.runner.where import is_vllm_file
 from dpsim.records.case import RankBatch
 from dpsim.records.sync import SYNC_EVENT, SyncRecord
 from dpsim.scenarios.ranks import record
@@ -170,8 +171,14 @@ def _inputs(called: dict[str, Any], *, dummy: bool) -> RankBatch:
 
 
 def _is_speculator(caller: FrameType) -> bool:
-    """Whether the call site is a speculator's (by its real file's path)."""
-    return _SPECULATOR_DIR in caller.f_code.co_filename.replace("\\", "/").split("/")
+    """Whether the call site is a speculator's (by its real file's path): the
+    innermost vLLM frame from the caller outward, so a dpsim frame in between
+    (a part's per-rank router of the sync) does not hide whose call it is."""
+    frame: FrameType | None = caller
+    while frame is not None and not is_vllm_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    site = frame or caller
+    return _SPECULATOR_DIR in site.f_code.co_filename.replace("\\", "/").split("/")
 
 
 def _under_dummy_run(caller: FrameType) -> bool:
