@@ -422,15 +422,20 @@ def test_an_engine_skipping_its_dummy_batch_hangs_its_peer(
 
 
 @pytest.mark.release
-def test_an_arrival_on_an_idle_rank_starts_a_wave_that_wakes_the_other() -> None:
-    # Rank 1's request arrives after a first wave ended: engines start the
-    # next wave (0.33: the engine's start_wave through the coordinator).
+@pytest.mark.parametrize(("version", "late"), [("0.33.0", 9), ("0.29.0", 40)])
+def test_an_arrival_on_an_idle_rank_starts_a_wave_that_wakes_the_other(
+    version: str, late: int
+) -> None:
+    # Rank 1's request arrives after a first wave ended: the next wave starts
+    # (0.33: the engine's start_wave through the coordinator; 0.29: the
+    # front-end's FIRST_REQ, or the engine's start_wave for a stale wave).
+    # ``late`` is past the first wave's end (0.29's waves last 32 steps).
     streams = [
         RankStream((RequestScript("a", 0, 2, 1),)),
-        RankStream((RequestScript("b", 9, 2, 1),)),
+        RankStream((RequestScript("b", late, 2, 1),)),
     ]
     result, workers, gaps, coordinator, _ = _run(
-        _sources("0.33.0"), EngineOptions(dp_sync_interval=1), streams
+        _sources(version), EngineOptions(dp_sync_interval=1), streams
     )
 
     assert gaps == [] and result.outcome is Outcome.OK

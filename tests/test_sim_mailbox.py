@@ -92,8 +92,17 @@ def test_a_rank_left_parked_is_waiting_with_a_parked_event_not_a_collective_wait
         else:
             box.get()
 
-    result = simulate(program, ranks=2, on_quiescent=lambda now: False)
+    frames: list[list[str]] = []
 
+    def on_quiescent(now: Quiescence) -> bool:
+        frames.extend(_frames_names(now.frame(rank)) for rank in now.blocked)
+        return False
+
+    result = simulate(program, ranks=2, on_quiescent=on_quiescent)
+
+    # Where each stood: one in the collective, the other in its mailbox.
+    assert "all_reduce" in frames[0] and "program" in frames[0]
+    assert "get" in frames[1] and "program" in frames[1]
     assert result.outcome is Outcome.HANG
     waiting, parked = result.ranks
     assert waiting.state is RankState.WAITING and waiting.waiting is not None
