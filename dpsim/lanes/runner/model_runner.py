@@ -46,6 +46,7 @@ import ast
 import contextlib
 import dataclasses
 import functools
+import inspect
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -754,7 +755,9 @@ def _bind(
 ) -> None:
     _SYNCS[manager] = sync
     if speculator_class is not None:
-        kit.globals_["DraftModelSpeculator"] = speculator_class
+        # The rebuilt methods' namespace (real_class copies globals_ into it).
+        namespace = inspect.unwrap(kit.runner_class.sample_tokens).__globals__
+        namespace["DraftModelSpeculator"] = speculator_class
 
 
 def _ignore(*args: Any, **kwargs: Any) -> None:
