@@ -93,7 +93,7 @@ def _builders(
     return Builders(
         sources=lambda target: None,
         scheduler=lambda stream, options, sources: None,
-        speculator=lambda *args, sync: None,
+        speculator=lambda *args, target, sync: None,
         worker=lambda *args, speculator, sync: standin("Worker", sync=sync),
         engine=engine,
         run_engine=lambda engine: namespace["busy_loop"](engine),
@@ -161,3 +161,83 @@ def test_a_v1_target_is_refused(release: Callable[..., Any]) -> None:
     v1 = release("0.33.0", runner="v1")
     with pytest.raises(TargetError, match="drives the V2 model runner"):
         run_runner_case(v1, _case())
+
+
+# -- the real lane, end to end ----------------------------------------------------
+
+
+def _real_case(
+    speculator: str | None = None, k: int = 0, idle: bool = True
+) -> RunnerCase:
+    options = EngineOptions(speculator=speculator, num_speculative_tokens=k)
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16),
+        max_num_seqs=options.max_num_seqs,
+        decode_query_len=options.decode_query_len,
+    )
+    busy = RankStream((RequestScript("a", 0, 5, 3),))
+    other = RankStream() if idle else RankStream((RequestScript("b", 2, 3, 2),))
+    return RunnerCase(policy, options, (busy, other))
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("version", "speculator", "k"),
+    [("0.33.0", None, 0), ("0.29.0", None, 0), ("0.29.0", "ar", 2)],
+)
+def test_a_real_case_runs_end_to_end(
+    release: Callable[[str], Any], version: str, speculator: str | None, k: int
+) -> None:
+    """A busy rank and an idle one through the release's real engine loop,
+    worker, model runner (and speculator): the idle rank runs dummy batches
+    in lockstep, every rank shuts down, no property fails."""
+    case = _real_case(speculator, k)
+    run = run_runner_case(release(version), case)
+    result = run.result
+    assert result.outcome == Outcome.OK
+    busy, idle = (sync_records(trace.events) for trace in result.ranks)
+    assert [r.phase for r in busy] == [r.phase for r in idle]
+    assert busy[0].inputs.kind == "batch" and busy[0].inputs.num_tokens == 5
+    assert {r.inputs.kind for r in idle} == {"dummy"}
+    if speculator:
+        assert "iter 1 drafter prefill" in {r.phase for r in idle}
+    assert judge(case, result, RUNNER_LANE_PROPERTIES.values()) == []
+    # Byte for byte the same on a second run.
+    assert run_runner_case(release(version), case).result.to_json() == result.to_json()
+
+
+@pytest.mark.release
+def test_a_planted_engine_bug_is_a_hang_located_in_vllm(
+    release: Callable[[str], Any],
+    release_file: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    """An engine with no local requests skipping its dummy batch (a textual
+    edit of the cached release's core.py, in a copied tree): the busy rank
+    waits in the model runner's DP sync and the verdict says where."""
+    import shutil
+
+    package = release_file("0.33.0", "v1/engine/core.py").parents[2]
+    tree = tmp_path / "vllm"
+    shutil.copytree(package, tree)
+    core = tree / "v1" / "engine" / "core.py"
+    text = core.read_text()
+    planted = text.replace(
+        "elif not self.model_executor.is_sleeping:",
+        "elif local_unfinished_reqs and not self.model_executor.is_sleeping:",
+    )
+    assert planted != text
+    core.write_text(planted)
+    case = _real_case()
+    run = run_runner_case(release(str(tree)), case)
+    assert run.result.outcome == Outcome.HANG
+    verdicts = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+    assert [v.property for v in verdicts] == ["no-hang"]
+    # The busy rank waits in its step's sync; the idle one skipped its dummy
+    # batch and waits in the engines' unfinished-requests all-reduce.
+    assert any(
+        line.startswith("v1/worker/gpu/model_runner.py:")
+        and line.endswith(" in execute_model")
+        for line in run.stood_at[0]
+    )
+    assert any("in _has_global_unfinished_reqs" in line for line in run.stood_at[1])

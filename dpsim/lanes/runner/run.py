@@ -96,7 +96,10 @@ def sources_for(target: Target) -> Any:
     """The target's runner-lane sources, made once per target spec: the
     classes the parts rebuild from them are cached on them, and a campaign
     runs thousands of cases on one target."""
-    return _sources_of(target.spec)
+    sources = _sources_of(target.spec)
+    if sources.loaded_target is None:
+        sources.loaded_target = target  # the parts share this target's enums
+    return sources
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ def _programs(
         # it numbers that rank's forward steps.
         sync = recording_sync(target, real_sync, Phases())
         speculator = parts.speculator(
-            sources, options, policy, rank, dp_size, sync=sync
+            sources, options, policy, rank, dp_size, target=target, sync=sync
         )
         worker = parts.worker(
             sources, options, policy, rank, dp_size, speculator=speculator, sync=sync
