@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ from dpsim.lanes.runner.forward import (
     install_graphs,
 )
 from dpsim.lanes.runner.scheduler import scheduler_types
+from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions
 from dpsim.lanes.runner.strict import StrictObject, gap, instance, standin
 from dpsim.records.policy import CapturePolicy
@@ -130,18 +131,8 @@ OFF_IN_SOME_RELEASES: dict[str, Any] = {"routed_experts_capturer": None}
 VOCAB_SIZE = 8
 
 
-class Sources(Protocol):
-    """What the runner needs of the lane's sources (A's ``RunnerSources``)."""
-
-    @property
-    def version(self) -> str | None: ...
-
-    def path(self, module: str) -> Path: ...
-
-    def has(self, module: str) -> bool: ...
-
-    @property
-    def target(self) -> Target: ...
+#: The lane's sources (A's), as this module's signatures name them.
+Sources = RunnerSources
 
 
 # -- the release's helper modules -------------------------------------------------
@@ -747,7 +738,7 @@ def _draft_model_speculator(sources: Sources, speculator: Any) -> type | None:
         return None
     from dpsim.lanes.runner.speculators import draft_model_speculator_class
 
-    return draft_model_speculator_class(cast(Any, sources), sources.target)
+    return draft_model_speculator_class(sources, sources.target)
 
 
 def _bind(
@@ -756,7 +747,9 @@ def _bind(
     _SYNCS[manager] = sync
     if speculator_class is not None:
         # The rebuilt methods' namespace (real_class copies globals_ into it).
-        namespace = inspect.unwrap(kit.runner_class.sample_tokens).__globals__
+        namespace = inspect.unwrap(
+            cast(Any, kit.runner_class).sample_tokens
+        ).__globals__
         namespace["DraftModelSpeculator"] = speculator_class
 
 
