@@ -90,6 +90,7 @@ from dpsim.lanes.runner.coordinator import (
 )
 from dpsim.lanes.runner.extract import class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
+from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import StrictObject, instance, standin
 from dpsim.records.groups import ENGINE_DP_GROUP
@@ -158,17 +159,6 @@ _DECORATORS: dict[str, Callable[..., Any] | None] = {"fault_tolerant_wrapper": N
 
 #: vLLM's ``EngineShutdownState`` (an IntEnum in core.py) by the values it has.
 SHUTDOWN_STATE = standin("EngineShutdownState", RUNNING=0, REQUESTED=1, SHUTTING_DOWN=2)
-
-
-class Sources(Protocol):
-    """What the engine needs of the lane's sources (A's ``RunnerSources``)."""
-
-    @property
-    def version(self) -> str | None: ...
-
-    def path(self, module: str) -> Path: ...
-
-    def has(self, module: str) -> bool: ...
 
 
 class Worker(Protocol):
@@ -361,7 +351,7 @@ class EngineClasses:
     front_end_wakes: bool
 
 
-def engine_classes(sources: Sources) -> EngineClasses:
+def engine_classes(sources: RunnerSources) -> EngineClasses:
     """The release's engine classes (built once per set of files)."""
     for module in ENGINE_MODULES:
         if not sources.has(module):
@@ -491,7 +481,7 @@ class _LaneHooks(StrictObject):
 
 
 def build_engine(
-    sources: Sources,
+    sources: RunnerSources,
     options: EngineOptions,
     scheduler: Any,
     worker: Worker,
@@ -595,7 +585,9 @@ def run_engine(engine: Any) -> None:
         engine.run_busy_loop()
 
 
-def coordinator_for(sources: Sources, mailboxes: Sequence[Mailbox]) -> Coordinator:
+def coordinator_for(
+    sources: RunnerSources, mailboxes: Sequence[Mailbox]
+) -> Coordinator:
     """The coordinator model for this release's wave protocol."""
     return Coordinator(
         mailboxes, front_end_wakes=engine_classes(sources).front_end_wakes
