@@ -320,7 +320,10 @@ _SYNCS: weakref.WeakKeyDictionary[Any, Sync] = weakref.WeakKeyDictionary()
 def _route_sync(manager: Any, *args: Any, **kwargs: Any) -> Any:
     """The speculator's ``dispatch_cg_and_sync_dp``: the calling rank's sync,
     found by the manager the real code passes first (its own)."""
-    found = _SYNCS.get(manager)
+    try:
+        found = _SYNCS.get(manager)
+    except TypeError:  # not a manager at all (None cannot be weakly referenced)
+        found = None
     if found is None:
         raise gap(f"dispatch_cg_and_sync_dp with an unknown manager at {asked_at()}")
     return found(manager, *args, **kwargs)

@@ -1,0 +1,439 @@
+"""The real V2 speculators per virtual rank (dpsim.lanes.runner.speculators).
+
+Release tests drive two virtual ranks, each calling the real ``propose`` of
+its own speculator with a hand-built input batch after a real target sync
+(the agreement the model runner would hand over), and count what each rank
+did: syncs, drafter forwards (EP collectives), collectives. Planted bugs are
+textual edits of the cached release's own speculator file in a tmp tree.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dpsim.errors import TargetError, UsageError
+from dpsim.lanes.runner import speculators
+from dpsim.lanes.runner.forward import HIDDEN_SIZE
+from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.speculators import build_speculator
+from dpsim.lanes.runner.stream import EngineOptions
+from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
+from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
+from dpsim.records.groups import EP_GROUP
+from dpsim.records.policy import CapturePolicy
+from dpsim.records.sync import SYNC_EVENT
+from dpsim.records.trace import Outcome, RankState, SimResult
+from dpsim.scenarios.run import manager_for, tables_for
+from dpsim.sim import simulate
+
+RELEASES = ("0.29.0", "0.33.0")
+#: Where each release keeps its autoregressive speculator.
+AR_FILE = {
+    "0.29.0": "v1/worker/gpu/spec_decode/autoregressive/speculator.py",
+    "0.33.0": "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+}
+AR_CLASS = {
+    "0.29.0": "AutoRegressiveSpeculator",
+    "0.33.0": "TargetDependentARSpeculator",
+}
+#: An idle rank's propose returning before the drafter's decode steps (the
+#: class of vLLM 35294: an idle rank not drafting what busy ranks draft).
+IDLE_SKIPS_DECODE = {
+    "0.29.0": (
+        "if self.num_speculative_steps == 1:\n            # Early exit.",
+        "if self.num_speculative_steps == 1 or dummy_run:\n            # Early exit.",
+    ),
+    "0.33.0": (
+        "if num_speculative_tokens <= 1:",
+        "if num_speculative_tokens <= 1 or dummy_run:",
+    ),
+}
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+# -- fast: the stand-ins and what is read off a class body ---------------------
+
+
+def test_a_launcher_called_as_it_was_not_written_for_is_a_gap() -> None:
+    launch = speculators._launcher("update_draft_inputs", lambda tokens, step: None)
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        launch(1, 2, 3)
+    assert len(gaps) == 1
+    assert gaps[0].startswith(
+        "update_draft_inputs called with arguments its stand-in does not take"
+    )
+
+
+def test_a_sync_through_an_unknown_manager_is_a_gap() -> None:
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        speculators._route_sync(None, 1, 2)
+    assert gaps and "dispatch_cg_and_sync_dp with an unknown manager" in gaps[0]
+
+
+def test_a_stand_in_asked_what_it_does_not_hold_is_a_gap() -> None:
+    batch = _batch(2, 3, 6)
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        _ = batch.num_computed_tokens
+    assert gaps == [
+        "InputBatch.num_computed_tokens read at (no vLLM frame on the stack)"
+    ]
+
+
+def test_prefill_inputs_point_at_each_requests_last_accepted_token() -> None:
+    buffers = standin(
+        "InputBuffers",
+        input_ids=torch.zeros(16, dtype=torch.int32),
+        positions=torch.zeros(16, dtype=torch.int64),
+        query_start_loc=torch.zeros(5, dtype=torch.int32),
+        seq_lens=torch.zeros(4, dtype=torch.int32),
+    )
+    last = torch.full((4,), 7, dtype=torch.int64)
+    step = torch.tensor(3)
+    speculators._prepare_prefill_inputs(
+        last,
+        step,
+        buffers,
+        _batch(2, 3, 8),
+        torch.ones(2, dtype=torch.int32),
+        torch.tensor([0, 2], dtype=torch.int32),
+        torch.zeros(4),
+        torch.zeros(4),
+        4,
+    )
+    assert last.tolist() == [2, 3, 0, 0]
+    assert int(step) == 0
+    assert buffers.query_start_loc.tolist() == [0, 3, 6, 6, 6]
+    assert buffers.seq_lens.tolist() == [20, 20, 0, 0]
+
+
+def test_each_draft_step_writes_its_own_column_and_the_last_stops() -> None:
+    buffers = standin(
+        "InputBuffers",
+        input_ids=torch.zeros(4, dtype=torch.int32),
+        positions=torch.tensor([5, 6, 0, 0]),
+        seq_lens=torch.tensor([6, 7, 0, 0], dtype=torch.int32),
+    )
+    drafts = torch.zeros(4, 3, dtype=torch.int64)
+    for step in (1, 2):
+        speculators._update_draft_inputs(
+            torch.tensor([10 + step, 20 + step]),
+            torch.tensor(step),
+            torch.ones(2, HIDDEN_SIZE),
+            drafts,
+            torch.zeros(4, HIDDEN_SIZE),
+            buffers,
+            torch.zeros(4, dtype=torch.int64),
+            2,
+            100,
+            3,
+        )
+    assert drafts[:2].tolist() == [[0, 11, 12], [0, 21, 22]]
+    # Only the non-final step advanced the inputs.
+    assert buffers.positions.tolist() == [6, 7, 0, 0]
+
+
+def test_class_constants_and_assigned_attributes_come_from_the_class_body() -> None:
+    import ast
+
+    tree = ast.parse(
+        "class Spec(Base):\n"
+        "    width: int = 2\n"
+        "    shared = False\n"
+        "    def __init__(self):\n"
+        "        self.a = 1\n"
+        "        self.b: int = 2\n"
+        "        other.c = 3\n"
+        "    def propose(self):\n"
+        "        self.d = 4\n"
+    )
+    node = tree.body[0]
+    assert isinstance(node, ast.ClassDef)
+    assert speculators._class_constants(node) == {"width": 2, "shared": False}
+    assert speculators._assigned([node]) == {"a", "b"}
+    assert speculators._present(node, ("propose", "capture"), ("run",)) == ["propose"]
+
+
+def test_no_speculator_is_none_and_a_mismatched_policy_is_refused() -> None:
+    nowhere: Any = object()
+    assert (
+        build_speculator(nowhere, EngineOptions(), _policy(1), 0, 2, sync=print) is None
+    )
+    with pytest.raises(
+        UsageError,
+        match=r"decode_query_len \(1\) must be 1 \+ num_speculative_tokens \(3\)",
+    ):
+        build_speculator(
+            nowhere,
+            EngineOptions(speculator="ar", num_speculative_tokens=2),
+            _policy(1),
+            0,
+            2,
+            sync=print,
+        )
+
+
+# -- releases: two virtual ranks through the real propose ------------------------
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize(("kind", "k"), [("ar", 1), ("mtp", 2), ("ar", 4)])
+@pytest.mark.parametrize("loads", [(3, 1), (2, 0), (0, 5)])
+def test_ranks_draft_in_step_busy_or_idle(
+    version: str, kind: str, k: int, loads: tuple[int, int]
+) -> None:
+    """Unequal and idle ranks run the same syncs and drafter forwards: one
+    prefill forward and k - 1 decode forwards each (an idle rank, given no
+    count, drafts the full k)."""
+    result, gaps = _run(RunnerSources.for_release(version), kind, k, loads)
+    assert gaps == []
+    assert result.outcome == Outcome.OK
+    counts = [_counts(result, rank) for rank in range(2)]
+    assert counts[0] == counts[1]
+    syncs, forwards, ep = counts[0]
+    assert forwards == ep == k
+    assert syncs == (2 if k == 1 else 3)  # target, drafter prefill, drafter decode
+    returned = [result.ranks[rank].returned for rank in range(2)]
+    assert all(shape[1] == k for shape in returned)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) -> None:
+    """The real init_cudagraph_manager builds the drafter's prefill and
+    decode tables the sync lane's drafter scenario models."""
+    sources = RunnerSources.for_release(version)
+    target = sources.target
+    policy = _policy(3, mode="FULL_AND_PIECEWISE")
+    options = EngineOptions(speculator="ar", num_speculative_tokens=2)
+    speculator = build_speculator(sources, options, policy, 0, 2, sync=print)
+    tables = tables_for(target, policy, 2)
+    for real, modelled in (
+        (speculator.prefill_cudagraph_manager, tables.drafter_prefill),
+        (speculator.decode_cudagraph_manager, tables.drafter_decode),
+    ):
+        expected = manager_for(target, modelled)
+        assert real.cudagraph_mode == expected.cudagraph_mode
+        assert real.decode_query_len == expected.decode_query_len
+        for tokens in range(1, 40):
+            for uniform in (None, 1, 3):
+                reqs = tokens // uniform if uniform else tokens
+                assert real.dispatch(reqs, tokens, uniform, 0) == expected.dispatch(
+                    reqs, tokens, uniform, 0
+                )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_an_idle_rank_skipping_the_drafters_decode_hangs(
+    version: str, tmp_path: Path
+) -> None:
+    """A planted 35294-class bug: the idle rank's propose returns after the
+    prefill, so the busy rank waits alone in its decode forward."""
+    old, new = IDLE_SKIPS_DECODE[version]
+    sources = _planted(version, tmp_path, AR_FILE[version], old, new)
+    result, gaps = _run(sources, "ar", 3, (2, 0))
+    assert gaps == []
+    assert result.outcome in (Outcome.HANG, Outcome.MISMATCH)
+    # The idle rank drafted once (its prefill) and finished; the busy rank
+    # waits in what comes next: 0.33's decode forward, 0.29's decode sync.
+    assert _counts(result, 1)[1] == 1
+    assert [trace.state for trace in result.ranks] == [
+        RankState.WAITING,
+        RankState.FINISHED,
+    ]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_new_attribute_read_by_propose_is_a_gap(version: str, tmp_path: Path) -> None:
+    """vLLM's propose reading an attribute the lane never set is refused
+    (a gap naming it and the line), not answered."""
+    marker = "        num_tokens = input_batch.num_tokens\n"
+    sources = _planted(
+        version,
+        tmp_path,
+        AR_FILE[version],
+        marker,
+        marker + "        _ = self.draft_schedule\n",
+    )
+    result, gaps = _run(sources, "ar", 2, (1, 1))
+    assert len(gaps) == 1
+    assert gaps[0].startswith(
+        f"{AR_CLASS[version]}.draft_schedule read at {AR_FILE[version]}:"
+    )
+    assert gaps[0].endswith(" in propose")
+    assert result.outcome == Outcome.CRASH
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_launcher_called_with_a_new_argument_is_a_gap(
+    version: str, tmp_path: Path
+) -> None:
+    call = "prepare_decode_inputs(\n            self.draft_tokens[:num_reqs, 0],\n"
+    sources = _planted(
+        version,
+        tmp_path,
+        AR_FILE[version],
+        call,
+        call.replace("(\n", "(\n            None,\n"),
+    )
+    _, gaps = _run(sources, "ar", 2, (1, 1))
+    assert gaps and gaps[0].startswith(
+        "prepare_decode_inputs called with arguments its stand-in does not take"
+    )
+    assert "in propose" in gaps[0]
+
+
+@pytest.mark.release
+def test_a_release_without_mtp_is_refused_for_mtp_only(tmp_path: Path) -> None:
+    sources = _tree_copy("0.33.0", tmp_path)
+    shutil.rmtree(sources.package_dir / "v1/worker/gpu/spec_decode/mtp")
+    options = EngineOptions(speculator="mtp", num_speculative_tokens=2)
+    with pytest.raises(TargetError, match="has no MTP speculator the lane can drive"):
+        build_speculator(sources, options, _policy(3), 0, 2, sync=print)
+    options = EngineOptions(speculator="ar", num_speculative_tokens=2)
+    assert build_speculator(sources, options, _policy(3), 0, 2, sync=print)
+
+
+@pytest.mark.release
+def test_a_release_without_the_autoregressive_speculator_is_refused(
+    tmp_path: Path,
+) -> None:
+    sources = _tree_copy("0.33.0", tmp_path)
+    shutil.rmtree(sources.package_dir / "v1/worker/gpu/spec_decode/target_dependent_ar")
+    options = EngineOptions(speculator="ar", num_speculative_tokens=2)
+    with pytest.raises(TargetError) as refused:
+        build_speculator(sources, options, _policy(3), 0, 2, sync=print)
+    assert "no target-dependent autoregressive speculator" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _policy(decode_query_len: int, mode: str = "FULL_AND_PIECEWISE") -> CapturePolicy:
+    return CapturePolicy(
+        capture_sizes=SIZES,
+        cudagraph_mode=mode,  # type: ignore[arg-type]
+        decode_query_len=decode_query_len,
+        max_num_seqs=8,
+    )
+
+
+def _batch(num_reqs: int, per_request: int, padded: int) -> Any:
+    """A uniform-decode input batch holding exactly what propose reads."""
+    tokens = num_reqs * per_request
+    return standin(
+        "InputBatch",
+        num_reqs=num_reqs,
+        num_tokens=tokens,
+        num_tokens_after_padding=padded,
+        num_scheduled_tokens=np.full(num_reqs, per_request, dtype=np.int32),
+        seq_lens_cpu_upper_bound=torch.full((num_reqs,), 20, dtype=torch.int32),
+        seq_lens=torch.full((num_reqs,), 20, dtype=torch.int32),
+        idx_mapping=torch.arange(num_reqs, dtype=torch.int32),
+        query_start_loc=torch.arange(num_reqs + 1, dtype=torch.int32) * per_request,
+        positions=torch.arange(max(padded, tokens), dtype=torch.int64),
+        decode_graph_eligible=True,
+        has_prefill=False,
+    )
+
+
+def _run(
+    sources: RunnerSources, kind: str, k: int, loads: tuple[int, ...]
+) -> tuple[SimResult, list[str]]:
+    """Each rank syncs its target batch for real (``loads[rank]`` decoding
+    requests; 0: an idle rank's one-request dummy batch, as ``_dummy_run``
+    makes it), then calls its speculator's propose with the agreement, as
+    the model runner's ``sample_tokens`` and ``_dummy_run`` do."""
+    target = sources.target
+    dp_size = len(loads)
+    options = EngineOptions(speculator=kind, num_speculative_tokens=k)
+    policy = _policy(1 + k)
+    manager = manager_for(target, tables_for(target, policy, dp_size).target)
+    syncs = [
+        recording_sync(target, target.api._sync, Phases())  # type: ignore[attr-defined]
+        for _ in loads
+    ]
+    ranks = [
+        build_speculator(sources, options, policy, rank, dp_size, sync=syncs[rank])
+        for rank in range(dp_size)
+    ]
+    parameters = inspect.signature(ranks[0].propose).parameters
+    reuse = "dp_sync_state" if "dp_sync_state" in parameters else "dp_sync"
+    slots = options.max_num_seqs
+
+    def program(rank: int) -> list[int]:
+        dummy = loads[rank] == 0
+        requests = loads[rank] or 1
+        desc, agreed = syncs[rank](
+            manager,
+            requests,
+            requests * (1 + k),
+            1 + k,
+            dp_size=dp_size,
+            dp_rank=rank,
+        )
+        batch = _batch(
+            (desc.num_reqs or requests) if dummy else requests, 1 + k, desc.num_tokens
+        )
+        extra: dict[str, Any] = {reuse: agreed}
+        if dummy:
+            extra["dummy_run"] = True
+        elif "num_speculative_tokens" in parameters:
+            extra["num_speculative_tokens"] = k
+        drafts = ranks[rank].propose(
+            batch,
+            {},
+            {},
+            torch.zeros(desc.num_tokens, HIDDEN_SIZE),
+            None,
+            torch.ones(batch.num_reqs, dtype=torch.int32),
+            torch.zeros(batch.num_reqs, dtype=torch.int32),
+            torch.zeros(slots, dtype=torch.int64),
+            torch.zeros(slots, dtype=torch.int32),
+            torch.zeros(slots),
+            torch.zeros(slots, dtype=torch.int64),
+            **extra,
+        )
+        return list(drafts.shape)
+
+    with collect_gaps() as gaps:
+        result = simulate(program, ranks=dp_size)
+    return result, gaps
+
+
+def _counts(result: SimResult, rank: int) -> tuple[int, int, int]:
+    """A rank's syncs, drafter forwards and EP collectives."""
+    trace = result.ranks[rank]
+    kinds = [event.kind for event in trace.events]
+    ep = sum(1 for record in trace.collectives if record.group == EP_GROUP)
+    return kinds.count(SYNC_EVENT), kinds.count(DRAFTER_FORWARD_EVENT), ep
+
+
+def _tree_copy(version: str, tmp_path: Path) -> RunnerSources:
+    """A source tree copied from the cached release (its runner-lane files)."""
+    package = tmp_path / "vllm"
+    shutil.copytree(RunnerSources.for_release(version).package_dir, package)
+    return RunnerSources.for_tree(package)
+
+
+def _planted(
+    version: str, tmp_path: Path, relative: str, old: str, new: str
+) -> RunnerSources:
+    """The release as a tree, with ``old`` replaced by ``new`` once in one file."""
+    sources = _tree_copy(version, tmp_path)
+    path = sources.package_dir / relative
+    text = path.read_text()
+    assert text.count(old) == 1, f"{relative} no longer has {old!r} once"
+    path.write_text(text.replace(old, new))
+    return sources
