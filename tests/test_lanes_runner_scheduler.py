@@ -9,6 +9,7 @@ tests run it over the release's real ``vllm/v1/core/sched/output.py`` on
 from __future__ import annotations
 
 import textwrap
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from dpsim.lanes.runner.scheduler import (
 )
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import ModelGap, collect_gaps
+from dpsim.targets.shim import ModuleLoader
 
 #: A from-scratch stand-in for a release's output module: the field names the
 #: model fills, and ``skip_drafts`` only when ``new`` (0.33-style).
@@ -76,10 +78,10 @@ class PauseState(enum.IntEnum):
 """
 
 
-@dataclass
+@dataclass(eq=False)
 class Tree:
     """Sources over a directory playing ``vllm/`` (what the model needs of
-    the lane's RunnerSources)."""
+    the lane's RunnerSources: a strict load through the shim)."""
 
     package_dir: Path
     version: str | None = None
@@ -89,6 +91,13 @@ class Tree:
 
     def has(self, module: str) -> bool:
         return self.path(module).is_file()
+
+    def load_module(self, name: str, *, lenient: bool) -> types.ModuleType:
+        assert not lenient
+        loader = ModuleLoader(
+            self.package_dir, executed=frozenset({name}), lenient=frozenset()
+        )
+        return loader.module(name)
 
 
 def fake_tree(root: Path, extra: str = "    skip_drafts: bool = False") -> Tree:

@@ -66,15 +66,14 @@ release requires that the model cannot fill is a one-line TargetError.
 
 from __future__ import annotations
 
-import functools
+import types
+import weakref
 from dataclasses import MISSING, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Protocol
 
 from dpsim.errors import TargetError
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import StrictObject, gap, standin
-from dpsim.targets.shim import ModuleLoader
 
 __all__ = [
     "BLOCK_SIZE",
@@ -99,14 +98,15 @@ PLACEHOLDER = -1
 
 
 class Sources(Protocol):
-    """What the scheduler needs of the runner lane's sources (A's ``RunnerSources``)."""
+    """What the scheduler needs of the runner lane's sources
+    (:class:`~dpsim.lanes.runner.sources.RunnerSources`)."""
 
     @property
     def version(self) -> str | None: ...
 
-    def path(self, module: str) -> Path: ...
-
     def has(self, module: str) -> bool: ...
+
+    def load_module(self, name: str, *, lenient: bool) -> types.ModuleType: ...
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,21 @@ class SchedulerTypes:
     output_fields: frozenset[str]
 
 
-def scheduler_types(sources: Sources) -> SchedulerTypes:
-    """The release's ``SchedulerOutput`` & co., loaded from its files.
+#: Per sources object (hashed by identity), its types: loaded once per run.
+_TYPES: weakref.WeakKeyDictionary[Any, SchedulerTypes] = weakref.WeakKeyDictionary()
 
-    Executed strictly under the targets' shim (everything they import is a
-    stub), once per pair of files.
-    """
-    paths = []
+
+def scheduler_types(sources: Sources) -> SchedulerTypes:
+    """The release's ``SchedulerOutput`` & co., executed strictly from its
+    files through the sources' one loader (so every part of the lane, and
+    every vLLM module importing them afterwards, sees the same classes)."""
+    found = _TYPES.get(sources)
+    if found is None:
+        found = _TYPES[sources] = _load_types(sources)
+    return found
+
+
+def _load_types(sources: Sources) -> SchedulerTypes:
     for module in (OUTPUT_MODULE, INTERFACE_MODULE):
         if not sources.has(module):
             raise TargetError(
@@ -135,37 +143,25 @@ def scheduler_types(sources: Sources) -> SchedulerTypes:
                 f"{module.replace('.', '/')}.py, which the modelled scheduler's "
                 "output classes come from"
             )
-        paths.append(sources.path(module))
-    return _load_types(paths[0], paths[1])
-
-
-@functools.lru_cache(maxsize=32)
-def _load_types(output: Path, interface: Path) -> SchedulerTypes:
-    names = {OUTPUT_MODULE: output, INTERFACE_MODULE: interface}
-    loader = ModuleLoader(
-        output.parent,
-        overrides=names,
-        executed=frozenset(names),
-        lenient=frozenset(),
-    )
-    out = loader.module(OUTPUT_MODULE)
-    interface_module = loader.module(INTERFACE_MODULE)
-    found = {}
-    for module, name in (
+    out = sources.load_module(OUTPUT_MODULE, lenient=False)
+    interface = sources.load_module(INTERFACE_MODULE, lenient=False)
+    classes: dict[str, type] = {}
+    for loaded, name in (
         (out, "SchedulerOutput"),
         (out, "NewRequestData"),
         (out, "CachedRequestData"),
-        (interface_module, "PauseState"),
+        (interface, "PauseState"),
     ):
-        value = module.__dict__.get(name)
+        value = loaded.__dict__.get(name)
         if not isinstance(value, type):
             raise TargetError(
-                f"runner lane: {Path(module.__file__ or '')} defines no class {name}"
+                f"runner lane: vLLM {sources.version or '(tree)'}'s "
+                f"{loaded.__name__} defines no class {name}"
             )
-        found[name] = value
+        classes[name] = value
     return SchedulerTypes(
-        output_fields=frozenset(f.name for f in fields(found["SchedulerOutput"])),
-        **found,
+        output_fields=frozenset(f.name for f in fields(classes["SchedulerOutput"])),
+        **classes,
     )
 
 
