@@ -80,6 +80,20 @@ class Runner(Base):
         except Exception:
             return -1
 
+    def scoped(self) -> int:
+        def local_only():
+            SHADOWED = 1
+            return SHADOWED
+
+        counter = 0
+
+        def bump():
+            nonlocal counter
+            counter += local_only()
+
+        bump()
+        return counter + SHADOWED
+
     def probes(self) -> object:
         return getattr(self, "drafter", None)
 
@@ -190,6 +204,18 @@ def test_an_unsupplied_global_is_a_gap_even_when_caught(fake: Path) -> None:
         f"name MISSING_HELPER read at v1/fake_runner.py:{line} in uses_missing "
         "is not supplied"
     ]
+
+
+def test_a_global_read_shadowed_elsewhere_is_still_a_gap(fake: Path) -> None:
+    runner = instance(_runner(fake, ["scoped"]))
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        runner.scoped()
+    line = _line(fake, "return counter + SHADOWED")
+    assert gaps == [
+        f"name SHADOWED read at v1/fake_runner.py:{line} in scoped is not supplied"
+    ]
+    supplied = _runner(fake, ["scoped"], globals_={"SHADOWED": 10, "tag": _tag})
+    assert instance(supplied).scoped() == 11  # nonlocal and nested scopes run
 
 
 def test_a_method_not_kept_is_a_gap_and_absent_is_a_probe(fake: Path) -> None:

@@ -34,6 +34,21 @@ def free_names(node: ast.AST) -> set[str]:
     return loaded - bound - set(dir(builtins))
 
 
+def loaded_names(node: ast.AST) -> set[str]:
+    """Every non-builtin name ``node`` loads anywhere, local or not.
+
+    A superset of :func:`free_names`: a name bound in one nested scope and
+    read as a global in another is in it. Giving each a global costs nothing
+    where a local shadows it, and leaves no global read to fail as a bare
+    ``NameError`` (which ``except Exception`` would hide).
+    """
+    return {
+        part.id
+        for part in ast.walk(node)
+        if isinstance(part, ast.Name) and isinstance(part.ctx, ast.Load)
+    } - set(dir(builtins))
+
+
 class StripAnnotations(ast.NodeTransformer):
     """Drop annotations: they name types dpsim does not load, and change nothing."""
 

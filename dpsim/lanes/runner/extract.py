@@ -43,7 +43,7 @@ from typing import Any
 from dpsim.errors import TargetError
 from dpsim.lanes.runner import where
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, gap
-from dpsim.targets.cut import StripAnnotations, Unsupplied, free_names, tick
+from dpsim.targets.cut import StripAnnotations, Unsupplied, loaded_names, tick
 from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
 
 
@@ -134,9 +134,8 @@ def real_class(
     module = _TickEveryLoop().visit(StripAnnotations().visit(module))
     ast.fix_missing_locations(module)
 
-    builtin_names = set(dir(builtins))
     for node in kept:
-        for name in sorted(free_names(node) - have - builtin_names):
+        for name in sorted(loaded_names(node) - have):
             if name not in namespace:
                 namespace[name] = _unsupplied(name)
     code = compile(module, str(path), "exec", dont_inherit=True)
