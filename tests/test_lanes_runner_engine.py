@@ -206,6 +206,16 @@ def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
     assert sampled.result() == "sampled" and sampled.result() == "sampled"
     assert async_output.resolved == 1
     assert executor.sample_tokens(None) == "sampled"
+    # A worker's error: in line from execute_model, from the future of
+    # sample_tokens when its result is asked for (UniProcExecutor's way).
+    failing = Executor(
+        standin("Worker", execute_model=lambda so: 1 / 0, sample_tokens=lambda g: 1 / 0)
+    )
+    with pytest.raises(ZeroDivisionError):
+        failing.execute_model("so", non_block=True)
+    deferred = failing.sample_tokens(None, non_block=True)
+    with pytest.raises(ZeroDivisionError):
+        deferred.result()
     assert executor.is_sleeping is False
     with collect_gaps() as gaps, pytest.raises(ModelGap):
         executor.check_health()

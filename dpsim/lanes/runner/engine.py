@@ -232,7 +232,13 @@ def _is_async_output(value: Any) -> bool:
 
 
 class Executor(StrictObject):
-    """vLLM's ``UniProcExecutor`` for one rank: calls the worker synchronously."""
+    """vLLM's ``UniProcExecutor`` for one rank: calls the worker synchronously.
+
+    As ``UniProcExecutor.collective_rpc`` does with ``non_block``, a call's
+    error goes into the returned future; ``execute_model`` then raises it at
+    once (the future is done), ``sample_tokens`` when the engine asks for the
+    result.
+    """
 
     OWNER = "Executor"
 
@@ -241,10 +247,13 @@ class Executor(StrictObject):
         self.is_sleeping = False
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        return self._answer(self.worker.execute_model(scheduler_output), non_block)
+        output = self._call(self.worker.execute_model, scheduler_output, non_block)
+        if non_block and output.done():
+            output.result()  # surfaces the worker's error in line, as vLLM does
+        return output
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
-        return self._answer(self.worker.sample_tokens(grammar_output), non_block)
+        return self._call(self.worker.sample_tokens, grammar_output, non_block)
 
     def execute_dummy_batch(self) -> None:
         self.worker.execute_dummy_batch()
@@ -253,10 +262,16 @@ class Executor(StrictObject):
         return self.worker.take_draft_token_ids()
 
     @staticmethod
-    def _answer(value: Any, non_block: bool) -> Any:
-        if non_block:
-            return _CompletedFuture(value)
-        return value.get_output() if _is_async_output(value) else value
+    def _call(method: Callable[[Any], Any], argument: Any, non_block: bool) -> Any:
+        if not non_block:
+            value = method(argument)
+            return value.get_output() if _is_async_output(value) else value
+        try:
+            return _CompletedFuture(method(argument))
+        except Exception as error:
+            failed: Future[Any] = Future()
+            failed.set_exception(error)
+            return failed
 
 
 class Arrivals:
@@ -456,10 +471,12 @@ def _methods(
 
 
 class _LaneHooks(StrictObject):
-    """The lane's one hook into the real loop: each pass of ``run_busy_loop``'s
-    ``while self._handle_shutdown()`` starts a rank-local iteration, at which
-    the requests due are sent (before that iteration's input poll). The real
-    ``_handle_shutdown`` then runs unchanged."""
+    """The lane's hook into the real loop, and its one stood-in method.
+
+    Each pass of ``run_busy_loop``'s ``while self._handle_shutdown()`` starts
+    a rank-local iteration, at which the requests due are sent (before that
+    iteration's input poll); the real ``_handle_shutdown`` then runs
+    unchanged."""
 
     _dpsim_arrivals: Arrivals
 
