@@ -510,3 +510,21 @@ def test_a_kv_wait_steps_without_a_model_and_runs_dummy_batches(version: str) ->
     held = workers[0].calls
     assert held[:4] == ["execute_model 0", "dummy", "execute_model 0", "dummy"]
     assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1)
+
+
+@pytest.mark.release
+def test_a_release_without_a_method_the_loop_needs_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    sources = _sources("0.33.0")
+    text = sources.path(engine_module.ENGINE_CORE_MODULE).read_text()
+    renamed = tmp_path / "core.py"
+    renamed.write_text(
+        text.replace("def _has_global_unfinished_reqs(", "def _has_global_unfinished(")
+    )
+    with pytest.raises(TargetError) as refused:
+        engine_module.engine_classes(_sources("0.33.0", core=renamed))
+    assert str(refused.value) == (
+        "runner lane: vLLM 0.33.0's core.py has no "
+        "DPEngineCoreProc._has_global_unfinished_reqs"
+    )
