@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dpsim.errors import TargetError
-from dpsim.lanes.runner.extract import class_methods, real_class
+from dpsim.lanes.runner.extract import class_methods, real_class, supply
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, collect_gaps, instance
 
 # A hand-written stand-in for a vLLM file (not vLLM's text).
@@ -216,6 +216,14 @@ def test_a_global_read_shadowed_elsewhere_is_still_a_gap(fake: Path) -> None:
     ]
     supplied = _runner(fake, ["scoped"], globals_={"SHADOWED": 10, "tag": _tag})
     assert instance(supplied).scoped() == 11  # nonlocal and nested scopes run
+
+
+def test_a_global_can_be_supplied_after_the_class_is_built(fake: Path) -> None:
+    cls = _runner(fake, ["uses_missing"])
+    supply(cls, MISSING_HELPER=lambda scale: scale * 7)
+    with collect_gaps() as gaps:
+        assert instance(cls, scale=2).uses_missing() == 14
+    assert gaps == []
 
 
 def test_a_method_not_kept_is_a_gap_and_absent_is_a_probe(fake: Path) -> None:

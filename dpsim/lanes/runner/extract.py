@@ -35,7 +35,7 @@ import builtins
 import copy
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -57,6 +57,9 @@ class Origin:
     methods: tuple[str, ...]
     #: The compiled class statement; its constants hold every method's code.
     code: CodeType
+    #: The globals the methods see (a copy of ``globals_`` plus what dpsim
+    #: put there); :func:`supply` adds to it.
+    namespace: dict[str, Any] = field(repr=False, compare=False)
 
     def codes(self) -> Iterator[CodeType]:
         """Every function code object compiled from the file: the methods and
@@ -154,8 +157,17 @@ def real_class(
     cls.ABSENT = frozenset(absent) | getattr(cls, "ABSENT", frozenset())  # type: ignore[attr-defined]
     for name, value in (class_attributes or {}).items():
         setattr(cls, name, value)
-    cls.DPSIM_ORIGIN = Origin(path, version, class_name, tuple(wanted), code)  # type: ignore[attr-defined]
+    cls.DPSIM_ORIGIN = Origin(path, version, class_name, tuple(wanted), code, namespace)  # type: ignore[attr-defined]
     return cls
+
+
+def supply(cls: type, **values: Any) -> None:
+    """Give a rebuilt class's methods globals known only after it was built
+    (a class built from it, say), replacing their refusing stand-ins.
+    ``globals_`` was copied when the class was built: writing into it later
+    changes nothing."""
+    origin: Origin = cls.DPSIM_ORIGIN  # type: ignore[attr-defined]
+    origin.namespace.update(values)
 
 
 def class_methods(
