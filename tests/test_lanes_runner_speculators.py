@@ -9,6 +9,7 @@ textual edits of the cached release's own speculator file in a tmp tree.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import shutil
 from pathlib import Path
@@ -192,7 +193,7 @@ def test_ranks_draft_in_step_busy_or_idle(
     """Unequal and idle ranks run the same syncs and drafter forwards: one
     prefill forward and k - 1 decode forwards each (an idle rank, given no
     count, drafts the full k)."""
-    result, gaps = _run(RunnerSources.for_release(version), kind, k, loads)
+    result, gaps = _run(_release(version), kind, k, loads)
     assert gaps == []
     assert result.outcome == Outcome.OK
     counts = [_counts(result, rank) for rank in range(2)]
@@ -209,7 +210,7 @@ def test_ranks_draft_in_step_busy_or_idle(
 def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) -> None:
     """The real init_cudagraph_manager builds the drafter's prefill and
     decode tables the sync lane's drafter scenario models."""
-    sources = RunnerSources.for_release(version)
+    sources = _release(version)
     target = sources.target
     policy = _policy(3, mode="FULL_AND_PIECEWISE")
     options = EngineOptions(speculator="ar", num_speculative_tokens=2)
@@ -320,6 +321,13 @@ def test_a_release_without_the_autoregressive_speculator_is_refused(
 # -- helpers -----------------------------------------------------------------
 
 
+@functools.cache
+def _release(version: str) -> RunnerSources:
+    """One sources object per release for the module: what the parts build
+    from it is cached on it, as in a campaign."""
+    return RunnerSources.for_release(version)
+
+
 def _policy(decode_query_len: int, mode: str = "FULL_AND_PIECEWISE") -> CapturePolicy:
     return CapturePolicy(
         capture_sizes=SIZES,
@@ -423,7 +431,7 @@ def _counts(result: SimResult, rank: int) -> tuple[int, int, int]:
 def _tree_copy(version: str, tmp_path: Path) -> RunnerSources:
     """A source tree copied from the cached release (its runner-lane files)."""
     package = tmp_path / "vllm"
-    shutil.copytree(RunnerSources.for_release(version).package_dir, package)
+    shutil.copytree(_release(version).package_dir, package)
     return RunnerSources.for_tree(package)
 
 

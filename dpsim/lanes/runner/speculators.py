@@ -69,8 +69,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -83,6 +82,8 @@ from dpsim.lanes.runner.forward import (
     ForwardContexts,
     install_graphs,
 )
+from dpsim.lanes.runner.model_runner import RunnerKit, runner_kit
+from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions
 from dpsim.lanes.runner.strict import asked_at, gap, instance, standin
 from dpsim.lanes.runner.syncs import record_drafter_forward
@@ -90,8 +91,7 @@ from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.run import tables_for
 from dpsim.targets.load import Target
 from dpsim.targets.manager import _vllm_config as manager_vllm_config
-from dpsim.targets.shim import ModuleLoader, is_stub, parse_source
-from dpsim.targets.standins import STAND_INS
+from dpsim.targets.shim import parse_source
 
 #: The speculator kinds the lane drives (``EngineOptions.speculator``).
 KINDS = ("ar", "mtp")
@@ -101,8 +101,6 @@ VOCAB_SIZE = 8
 _SPEC_DECODE = "vllm.v1.worker.gpu.spec_decode"
 _BASE_MODULE = f"{_SPEC_DECODE}.speculator"
 _MTP_MODULE = f"{_SPEC_DECODE}.mtp.speculator"
-_UTILS_MODULE = "vllm.v1.worker.utils"
-_FORWARD_CONTEXT_MODULE = "vllm.forward_context"
 _BASE_CLASS = "DraftModelSpeculator"
 _ABSTRACT_CLASS = "BaseSpeculator"
 _MTP_CLASS = "MTPSpeculator"
@@ -178,17 +176,8 @@ _BUILDERS = ("__init__", "set_attn", "load_model", "load_draft_model")
 _DECORATORS: Mapping[str, None] = {"torch.inference_mode()": None}
 
 
-class Sources(Protocol):
-    """What the speculators need of the lane's sources (A's ``RunnerSources``)."""
-
-    @property
-    def version(self) -> str | None: ...
-    @property
-    def package_dir(self) -> Path: ...
-    @property
-    def target(self) -> Target: ...
-    def path(self, module: str) -> Path: ...
-    def has(self, module: str) -> bool: ...
+#: The lane's sources (A's), as this module's signatures name them.
+Sources = RunnerSources
 
 
 Sync = Callable[..., Any]
@@ -329,28 +318,19 @@ def _route_sync(manager: Any, *args: Any, **kwargs: Any) -> Any:
     return found(manager, *args, **kwargs)
 
 
-def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
-    """The release's speculator classes, rebuilt once and shared by its ranks."""
-    layout = _layout(sources)
-    modules = [_BASE_MODULE, layout.module, layout.graphs_module, _UTILS_MODULE]
-    modules += [m for m in (_MTP_MODULE, _FORWARD_CONTEXT_MODULE) if sources.has(m)]
-    return _classes(
-        sources.package_dir,
-        tuple((module, sources.path(module)) for module in modules),
-        layout,
-        sources.version,
-        target,
-    )
-
-
 @functools.lru_cache(maxsize=16)
-def _classes(
-    package_dir: Path,
-    paths: tuple[tuple[str, Path], ...],
-    layout: _Layout,
-    version: str | None,
-    target: Target,
-) -> SpeculatorClasses:
+def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
+    """The release's speculator classes, rebuilt once per sources object (one
+    per run or campaign) and shared by its ranks."""
+    layout = _layout(sources)
+    modules = [_BASE_MODULE, layout.module, layout.graphs_module]
+    modules += [_MTP_MODULE] if sources.has(_MTP_MODULE) else []
+    paths = tuple((module, sources.path(module)) for module in modules)
+    version = sources.version
+    # What the drafter borrows from the model runner's release kit: its
+    # forward contexts (one per rank, with vLLM's DPMetadata count check)
+    # and the real helpers both call.
+    kit = runner_kit(sources, target)
     path_of = dict(paths)
     modes = target.CUDAGraphMode
     base_path = path_of[_BASE_MODULE]
@@ -376,9 +356,7 @@ def _classes(
             _class_node(base_path, _ABSTRACT_CLASS, version)
         ),
     )
-    helpers = _helper_modules(package_dir, paths)
-    contexts = _forward_contexts(helpers.get(_FORWARD_CONTEXT_MODULE))
-    utils = helpers[_UTILS_MODULE]
+    contexts = kit.forward_contexts
     autoregressive = real_class(
         path_of[layout.module],
         layout.class_name,
@@ -387,11 +365,11 @@ def _classes(
         globals_={
             "torch": torch,
             "CUDAGraphMode": modes,
-            "BatchDescriptor": _launcher("BatchDescriptor", _batch_descriptor),
+            "BatchDescriptor": _borrowed(kit, "BatchDescriptor", version),
             "set_forward_context": contexts.set_forward_context,
             "dispatch_cg_and_sync_dp": _route_sync,
-            "get_uniform_decode_token_count": _real_function(
-                utils, "get_uniform_decode_token_count", version
+            "get_uniform_decode_token_count": _borrowed(
+                kit, "get_uniform_decode_token_count", version
             ),
             "build_slot_mappings_by_layer": _launcher(
                 "build_slot_mappings_by_layer", _build_slot_mappings_by_layer
@@ -426,7 +404,6 @@ def _classes(
             globals_={},
             bases=(autoregressive,),
             decorators=_DECORATORS,
-            class_attributes=_class_constants(mtp_tree),
         )
         attributes["mtp"] = frozenset(_assigned((base_tree, ar_tree, mtp_tree)))
     return SpeculatorClasses(
@@ -435,38 +412,6 @@ def _classes(
         attributes=attributes,
         contexts=contexts,
     )
-
-
-def _helper_modules(
-    package_dir: Path, paths: tuple[tuple[str, Path], ...]
-) -> dict[str, ModuleType]:
-    """The helper modules a speculator borrows a function or class from,
-    executed statement by statement under the targets' shim: only names
-    checked real (:func:`_real_function`, not stubs) are used."""
-    helpers = {
-        module: path
-        for module, path in paths
-        if module in (_UTILS_MODULE, _FORWARD_CONTEXT_MODULE)
-    }
-    loader = ModuleLoader(
-        package_dir,
-        overrides=helpers,
-        stand_ins=STAND_INS,
-        executed=frozenset(),
-        lenient=frozenset(helpers),
-    )
-    return {module: loader.module(module) for module in helpers}
-
-
-def _forward_contexts(forward_context: ModuleType | None) -> ForwardContexts:
-    """The drafter's ``set_forward_context``, checking counts with the
-    release's own ``DPMetadata.make`` where its forward_context.py gives one."""
-    metadata = (
-        None if forward_context is None else forward_context.__dict__.get("DPMetadata")
-    )
-    if metadata is None or is_stub(metadata):
-        return ForwardContexts()
-    return ForwardContexts(metadata.make)
 
 
 # -- reading the release ------------------------------------------------------
@@ -574,14 +519,13 @@ def _check_derives(
         )
 
 
-def _real_function(module: Any, name: str, version: str | None) -> Callable[..., Any]:
-    """A function a leniently loaded module defined for real (not a stub)."""
-    value = module.__dict__.get(name)
-    if not inspect.isfunction(value):
+def _borrowed(kit: RunnerKit, name: str, version: str | None) -> Any:
+    """A real vLLM helper the model runner's kit loaded (both call it)."""
+    value = kit.globals_.get(name)
+    if value is None:
         raise TargetError(
-            f"runner lane: vLLM {_shown(version)}'s "
-            f"{module.__name__.removeprefix('vllm.').replace('.', '/')}.py has no "
-            f"function {name}"
+            f"runner lane: vLLM {_shown(version)} gives no {name} the speculators "
+            "can run"
         )
     return value
 
@@ -868,9 +812,3 @@ def _build_attn_metadata(**arguments: Any) -> dict[str, Any]:
     """The attention backends' metadata, which only attention kernels read:
     none is built (the real code around the call runs)."""
     return {}
-
-
-def _batch_descriptor(num_tokens: int) -> Any:
-    """``forward_context.BatchDescriptor`` as the drafter builds it (only the
-    token count); the stood-in forward context does not read it."""
-    return standin("BatchDescriptor", num_tokens=num_tokens)
