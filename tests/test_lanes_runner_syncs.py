@@ -195,3 +195,41 @@ def test_the_real_sync_of_0_33_is_recorded_on_every_rank(
     assert len(agreements) == 1
     (agreement,) = agreements
     assert agreement is not None and len(agreement.num_tokens_across_dp) == 2
+
+
+_DERIVING = """
+def propose(sync, state):
+    sync(None, 1, 8, None, 2, 0, dp_sync_state=state)
+    derived = type(state)(state.num_tokens_across_dp, 1, False)
+    sync(None, 1, 8, 1, 2, 0, dp_sync_state=derived)
+"""
+
+
+def test_a_derived_agreement_handed_in_is_noted_for_reuse(tmp_path: Any) -> None:
+    """0.32+'s drafter decode hands the sync an agreement it derived from
+    the target's: the recorder notes it, and `reuse` judges the call against
+    it (not against the target's), so the real code is no false alarm."""
+    from dpsim.properties import PROPERTIES, judge
+    from dpsim.records.sync import REUSE_GIVEN_EVENT
+
+    runner, _ = _callers(tmp_path)
+    drafter: dict[str, Any] = {}
+    spec = tmp_path / "gpu" / "spec_decode" / "ar" / "derive.py"
+    exec(compile(_DERIVING, str(spec), "exec"), drafter)
+
+    def program(rank: int) -> None:
+        sync = recording_sync(_Target(), fake_sync, Phases())
+        _, state = runner["execute_model"](sync, 5)
+        drafter["propose"](sync, state)
+
+    result = simulate(program, ranks=1)
+    kinds = [event.kind for event in result.ranks[0].events]
+    assert kinds == [SYNC_EVENT, SYNC_EVENT, REUSE_GIVEN_EVENT, SYNC_EVENT]
+    case = _RunnerLikeCase()
+    assert judge(case, result, [PROPERTIES["reuse"]]) == []
+
+
+class _RunnerLikeCase:
+    scenario = "runner"
+    policy = None
+    dp_size = 1

@@ -190,3 +190,37 @@ def test_the_runner_lane_suite_and_its_refusals() -> None:
         select_for_runner_lane(["graph-choice"])
     with pytest.raises(UsageError, match="unknown property 'nope'"):
         select_for_runner_lane(["nope"])
+
+
+def test_reuse_is_judged_against_the_agreement_handed_in() -> None:
+    """A call handed a derived agreement (noted by the runner lane) that
+    comes back changed is still caught; one that keeps it is not flagged."""
+    from dpsim.records.sync import REUSE_GIVEN_EVENT
+
+    derived = Agreement((8, 8), uniform_token_count=1, eager=False)
+
+    def program(changes: bool) -> Callable[[int], None]:
+        def run(rank: int) -> None:
+            _sync("iter 1 model", DECODE)
+            world = current_world()
+            world.record(REUSE_GIVEN_EVENT, {"agreement": derived.to_json()})
+            back = Agreement(
+                (8, 8), uniform_token_count=2 if changes else 1, eager=False
+            )
+            record = SyncRecord(
+                "iter 1 drafter decode",
+                RankBatch(1, 1, 1, 1, kind="decode"),
+                reused=True,
+                solo=False,
+                descriptor=Descriptor(CudagraphMode.FULL, 8, 2),
+                agreement=back,
+            )
+            world.record(SYNC_EVENT, record.to_json())
+
+        return run
+
+    assert _verdicts(program(False), "reuse") == []
+    assert _verdicts(program(True), "reuse") == [
+        "reuse at iter 1 drafter decode: reuse changed the agreed "
+        "uniform_token_count from 1 to 2"
+    ]

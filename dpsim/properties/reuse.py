@@ -12,6 +12,11 @@ ranks have a drafter step), and one that changes the agreed values
 desynchronises the drafter from the target. Guards: drafter and target
 disagreeing (27691, 30119).
 
+On the runner lane "the one it was given" is what vLLM's caller handed in:
+0.32+'s drafter decode hands the sync an agreement it derived from the
+target's (``_build_uniform_batch_dp_sync``: uniform decodes of one token), and
+the lane notes it beside the record (``reuse_given``).
+
 Not run on the V1 runner: its caller hands ``coordinate_batch_across_dp`` no
 earlier agreement (dpsim has no V1 drafter scenario), so nothing is reused.
 """
@@ -19,8 +24,9 @@ earlier agreement (dpsim has no V1 drafter scenario), so nothing is reused.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Any
 
-from dpsim.records.sync import Agreement
+from dpsim.records.sync import REUSE_GIVEN_EVENT, SYNC_EVENT, Agreement
 
 from .base import Evidence, Property, Verdict, on_dp_group
 
@@ -30,8 +36,12 @@ NAME = "reuse"
 def judge(evidence: Evidence) -> Verdict | None:
     for trace in evidence.result.ranks:
         given: Agreement | None = None
+        handed = iter(_handed_in(trace.events))
         for record, issued in evidence.syncs_and_their_collectives(trace):
-            if record.reused and not record.raised and given is not None:
+            # The agreement this call was handed, where the runner lane noted
+            # it was not the latest fresh one; else that one.
+            expected = next(handed) or given
+            if record.reused and not record.raised and expected is not None:
                 if on_dp_group(issued):
                     return Verdict(
                         NAME,
@@ -39,12 +49,26 @@ def judge(evidence: Evidence) -> Verdict | None:
                         (trace.rank,),
                         f"rank {trace.rank} reused an agreement but synced again",
                     )
-                reason = _changed(given, record.agreement)
+                reason = _changed(expected, record.agreement)
                 if reason is not None:
                     return Verdict(NAME, record.phase, (trace.rank,), reason)
             elif not record.reused and not record.solo:
                 given = record.agreement
     return None
+
+
+def _handed_in(events: tuple[Any, ...]) -> list[Agreement | None]:
+    """Per sync record of a rank, the agreement its call was handed when the
+    runner lane noted one other than the latest fresh one; else None."""
+    handed: list[Agreement | None] = []
+    pending: Agreement | None = None
+    for event in events:
+        if event.kind == REUSE_GIVEN_EVENT:
+            pending = Agreement.from_json(event.payload["agreement"])
+        elif event.kind == SYNC_EVENT:
+            handed.append(pending)
+            pending = None
+    return handed
 
 
 def _changed(given: Agreement, returned: Agreement | None) -> str | None:

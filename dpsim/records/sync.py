@@ -24,6 +24,11 @@ EXPECT_EVENT = "expect"
 #: The event a V1 rank's program leaves first, ``{"runner": "v1"}``; a trace
 #: without one is a V2 trace, as every trace written before V1 was.
 RUNNER_EVENT = "runner"
+#: The runner lane's note, just before a sync record, that the call was
+#: handed an agreement other than the rank's latest fresh one (0.32+'s
+#: drafter decode reuses one it derives from it): ``{"agreement": ...}``, the
+#: agreement handed in. The sync lane never leaves one.
+REUSE_GIVEN_EVENT = "reuse_given"
 
 _T = TypeVar("_T")
 _MODES = {mode.value: mode for mode in CudagraphMode}

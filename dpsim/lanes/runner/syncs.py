@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from dpsim.lanes.runner.where import is_vllm_file
 from dpsim.records.case import RankBatch
-from dpsim.records.sync import SYNC_EVENT, SyncRecord
+from dpsim.records.sync import REUSE_GIVEN_EVENT, SYNC_EVENT, Agreement, SyncRecord
 from dpsim.scenarios.ranks import record
 from dpsim.targets import runtime
 from dpsim.targets.adapters import REUSE_PARAMETERS
@@ -112,6 +112,8 @@ def recording_sync(
     parameters = signature.parameters
     reuse_parameter = next((p for p in REUSE_PARAMETERS if p in parameters), None)
     api = target.api
+    #: The rank's latest agreement from a fresh (not reused, not solo) call.
+    latest: list[Agreement | None] = [None]
 
     @functools.wraps(real_function)
     def sync(*args: Any, **kwargs: Any) -> Any:
@@ -121,8 +123,15 @@ def recording_sync(
         caller = sys._getframe(1)
         phase = phase_of(DRAFTER if _is_speculator(caller) else MODEL)
         inputs = _inputs(called, dummy=_under_dummy_run(caller))
-        reused = reuse_parameter is not None and called[reuse_parameter] is not None
+        handed = called[reuse_parameter] if reuse_parameter is not None else None
+        reused = handed is not None
         solo = _solo()
+        if reused:
+            given = api.agreement(handed)
+            if given != latest[0]:
+                # Not the rank's latest fresh agreement (0.32+'s drafter
+                # decode derives one): say what was handed in, for `reuse`.
+                record(REUSE_GIVEN_EVENT, {"agreement": _json(given)})
         try:
             descriptor, agreement = real_function(*args, **kwargs)
         except Exception as error:
@@ -136,6 +145,9 @@ def recording_sync(
                 )
             )
             raise
+        agreed = api.agreement(agreement)
+        if not reused and not solo:
+            latest[0] = agreed
         _record(
             SyncRecord(
                 phase,
@@ -143,7 +155,7 @@ def recording_sync(
                 reused=reused,
                 solo=solo,
                 descriptor=api.describe(descriptor),
-                agreement=api.agreement(agreement),
+                agreement=agreed,
             )
         )
         return descriptor, agreement
@@ -197,6 +209,10 @@ def _solo() -> bool:
     """Whether the running rank skips DP coordination right now."""
     world = runtime.current()
     return world is not runtime.NO_WORLD and bool(world.skip_dp_coordination())
+
+
+def _json(agreement: Agreement | None) -> dict[str, Any] | None:
+    return None if agreement is None else agreement.to_json()
 
 
 def _record(sync: SyncRecord) -> None:
