@@ -366,8 +366,11 @@ class EngineClasses:
     front_end_wakes: bool
 
 
+@functools.lru_cache(maxsize=16)
 def engine_classes(sources: RunnerSources) -> EngineClasses:
-    """The release's engine classes (built once per set of files)."""
+    """The release's engine classes: built once per set of files, looked up
+    once per sources object (hashed by identity; every rank of every case
+    asks, and finding the files costs a stat each)."""
     for module in ENGINE_MODULES:
         if not sources.has(module):
             raise TargetError(
