@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import queue
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -313,6 +315,7 @@ def _run(
     options: EngineOptions,
     streams: list[RankStream],
     scheduler: Any = None,
+    chooser: Any = None,
 ) -> tuple[SimResult, list[FakeWorker], list[str], Coordinator, list[int]]:
     from dpsim.lanes.runner.scheduler import ModelledScheduler
 
@@ -346,6 +349,7 @@ def _run(
             ranks=ranks,
             groups={ENGINE_DP_GROUP: range(ranks)},
             on_quiescent=coordinator.on_quiescent,
+            chooser=chooser,
         )
     return result, workers, gaps, coordinator, iterations
 
@@ -528,3 +532,35 @@ def test_a_release_without_a_method_the_loop_needs_is_refused_in_one_line(
         "runner lane: vLLM 0.33.0's core.py has no "
         "DPEngineCoreProc._has_global_unfinished_reqs"
     )
+
+
+class _SeededChooser:
+    """Picks a random runnable rank, reproducibly."""
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+
+    def choose(self, runnable: Sequence[int]) -> int:
+        return self._random.choice(list(runnable))
+
+
+THREE_RANKS = [
+    RankStream((RequestScript("a", 0, 4, 3),)),
+    RankStream((RequestScript("b", 2, 6, 2), RequestScript("c", 9, 2, 2))),
+    RankStream(()),
+]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+def test_any_interleaving_of_the_real_loop_is_ok_and_replays_byte_for_byte(
+    version: str,
+) -> None:
+    sources = _sources(version)
+    options = EngineOptions(dp_sync_interval=3)
+    for seed in range(12):
+        first = _run(sources, options, THREE_RANKS, chooser=_SeededChooser(seed))
+        again = _run(sources, options, THREE_RANKS, chooser=_SeededChooser(seed))
+        assert first[2] == [] and first[0].outcome is Outcome.OK, seed
+        assert first[0].to_json() == again[0].to_json()
+        assert first[3].log == again[3].log
