@@ -43,8 +43,16 @@ PIECEWISE = CapturePolicy(
 class Steps:
     """Hand-built scheduler outputs of the release's own classes."""
 
-    def __init__(self, sources: RunnerSources) -> None:
+    def __init__(self, sources: RunnerSources, num_spec_tokens: int = 0) -> None:
         self.types: Any = scheduler_types(sources)
+        # What 0.33's scheduler asks the drafter for (its K, every step).
+        self.num_spec_tokens = num_spec_tokens
+
+    def _output(self) -> Any:
+        output = self.types.SchedulerOutput.make_empty()
+        if "num_spec_tokens_to_schedule" in self.types.output_fields:
+            output.num_spec_tokens_to_schedule = self.num_spec_tokens
+        return output
 
     def prefill(self, ids: list[str], prompt: int) -> Any:
         types = self.types
@@ -59,7 +67,7 @@ class Steps:
             "num_computed_tokens": 0,
             "lora_request": None,
         }
-        output = types.SchedulerOutput.make_empty()
+        output = self._output()
         output.scheduled_new_reqs = [
             types.NewRequestData(
                 req_id=req_id, **{k: v for k, v in given.items() if k in names}
@@ -71,7 +79,7 @@ class Steps:
         return output
 
     def decode(self, ids: list[str], computed: int) -> Any:
-        output = self.types.SchedulerOutput.make_empty()
+        output = self._output()
         cached = output.scheduled_cached_reqs
         cached.req_ids = list(ids)
         cached.num_computed_tokens = [computed] * len(ids)
@@ -81,7 +89,7 @@ class Steps:
         return output
 
     def empty(self) -> Any:
-        return self.types.SchedulerOutput.make_empty()
+        return self._output()
 
 
 def _run(

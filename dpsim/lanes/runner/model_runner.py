@@ -120,6 +120,23 @@ RUN_FOR_REAL = (
     "dp_size",
     "dp_rank",
 )
+#: What the runner's real methods are given in place of vLLM's, and why
+#: (for ``dpsim targets --lane runner``).
+STOOD_IN: dict[str, str] = {
+    "GPUModelRunner.prepare_inputs": "H2D copies and triton kernels; a real CPU InputBatch of its shapes",
+    "GPUModelRunner.maybe_dummy_run_with_lora": "LoRA mixin; LoRA is not modelled",
+    "req_states": "RequestState's GPU/UVA buffers; CPU arrays",
+    "block_tables": "GPU block tables; zero tables and slot mappings of the real shapes",
+    "model_state": "attention metadata builders; no layers",
+    "sampler": "GPU sampling; one token per request",
+    "prompt_logprobs_worker, lora_state, step_timing": "no prompt logprobs, LoRA or timing",
+    "draft_tokens_handler": "async D2H copy of drafts; handed over at once",
+    "model": "the model forward; EP collectives at the chosen shape (forward.FakeModel)",
+    "cudagraph_manager.graphs": "captured graphs; replay issues the EP collectives (forward.FakeGraph)",
+    "set_forward_context": "per-thread forward context; per virtual rank (forward.ForwardContexts)",
+    "post_update, build_slot_mappings_by_layer, use_workspace_lane": "triton / GPU buffers",
+    "AsyncOutput": "CUDA stream and event; output ready at once",
+}
 #: Attributes the V2 runner does not have, which vLLM probes with getattr:
 #: the worker's execute_dummy_batch reads ``uniform_decode_query_len`` (a V1
 #: runner attribute) with a default of 1.

@@ -90,6 +90,19 @@ def build_worker(
     )
 
 
+def real_classes(sources: Sources) -> tuple[type, ...]:
+    """The release's classes the worker and runner rebuild (their real
+    methods: ``cls.DPSIM_ORIGIN.codes()``), for line coverage."""
+    kit = runner_kit(sources, sources.target)
+    return (
+        _worker_class(sources),
+        kit.runner_class,
+        kit.eplb_class,
+        type(kit.kv_connector),
+        type(kit.ec_connector),
+    )
+
+
 def _worker_class(sources: Sources) -> type:
     kit = runner_kit(sources, sources.target)
     outputs = kit.modules[OUTPUTS_MODULE]

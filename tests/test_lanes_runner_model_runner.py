@@ -1,0 +1,277 @@
+"""The rebuilt GPUModelRunner: its stand-ins alone (fast), then on releases:
+refusals, dummy-run shapes, FULL graphs, a speculator, and line coverage."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+from test_lanes_runner_worker import OPTIONS, PIECEWISE, RELEASES, Steps, _busy
+
+from dpsim.errors import TargetError, UsageError
+from dpsim.lanes.runner.model_runner import (
+    AsyncOutput,
+    DraftTokensHandler,
+    RequestStates,
+    _RunnerStandIns,
+    _Sampler,
+)
+from dpsim.lanes.runner.run import _real_sync
+from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.speculators import build_speculator
+from dpsim.lanes.runner.stream import EngineOptions
+from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
+from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
+from dpsim.lanes.runner.where import LineCoverage
+from dpsim.lanes.runner.worker import build_worker, real_classes
+from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
+from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.records.sync import SYNC_EVENT
+from dpsim.records.trace import Outcome, SimResult
+from dpsim.sim import simulate
+
+# -- the stand-ins alone ------------------------------------------------------------
+
+
+def test_request_states_hand_out_the_lowest_free_slot() -> None:
+    states = RequestStates(max_num_reqs=3, num_speculative_steps=0)
+    states.add_request("a", 4, [1] * 4, 0)
+    states.add_request("b", 2, [1] * 2, 1)
+    assert states.remove_request("a") == 0
+    states.add_request("c", 1, [1], 0)
+    assert states.req_id_to_index == {"b": 1, "c": 0}
+    assert states.prefill_len.np.tolist() == [1, 2, 0]
+    assert states.num_computed_prefill_tokens.tolist() == [0, 1, 0]
+    assert states.remove_request("gone") is None
+
+
+def test_request_states_refuse_what_they_do_not_model() -> None:
+    states = RequestStates(max_num_reqs=2, num_speculative_steps=0)
+    with collect_gaps() as gaps:
+        with pytest.raises(ModelGap):
+            states.add_request("a", 1, [1], 0, mm_features=[])
+        with pytest.raises(ModelGap):
+            states.staged_writes  # noqa: B018
+    assert gaps[0] == "RequestState.add_request with ['mm_features'] (not modelled)"
+    assert gaps[1].startswith("RequestState.staged_writes read at")
+
+
+def test_the_sampler_samples_one_token_per_request_and_knows_nothing_else() -> None:
+    sampler = _Sampler(max_num_reqs=4)
+    out = sampler(torch.zeros(3, 8), standin("InputBatch", num_reqs=3))
+    assert out.sampled_token_ids.shape == (3, 1)
+    assert out.num_sampled.tolist() == [1, 1, 1]
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        sampler.logprobs_mode  # noqa: B018
+    assert len(gaps) == 1
+
+
+def test_an_async_output_is_ready_with_each_requests_sampled_tokens() -> None:
+    output = standin("ModelRunnerOutput", sampled_token_ids=None)
+    sampled = standin("SamplerOutput", sampled_token_ids=torch.tensor([[5, 6], [7, 8]]))
+    ready = AsyncOutput(output, sampled, torch.tensor([2, 1]))
+    assert ready.get_output() is output
+    assert output.sampled_token_ids == [[5, 6], [7]]
+
+
+def test_drafts_are_handed_over_once() -> None:
+    def made(req_ids: list[str], drafts: list[list[int]]) -> Any:
+        return (req_ids, drafts)
+
+    handler = DraftTokensHandler(made)  # type: ignore[arg-type]
+    assert handler.get_draft_tokens() is None
+    handler.set_draft_tokens(standin("InputBatch", req_ids=["a"]), torch.tensor([[3]]))
+    assert handler.get_draft_tokens() == (["a"], [[3]])
+    assert handler.get_draft_tokens() is None
+
+
+def test_a_dummy_run_with_lora_is_a_gap() -> None:
+    runner = _RunnerStandIns()
+    entered = runner.maybe_dummy_run_with_lora(object())
+    with collect_gaps() as gaps, pytest.raises(ModelGap), entered:
+        pass
+    assert gaps == ["maybe_dummy_run_with_lora with a LoRA config (not modelled)"]
+
+
+# -- on releases ----------------------------------------------------------------
+
+
+def _sync(sources: RunnerSources) -> Any:
+    target = sources.target
+    return recording_sync(target, _real_sync(target), Phases())
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("policy", "options", "refusal"),
+    [
+        (
+            CapturePolicy(capture_sizes=(1, 2), max_num_seqs=8, decode_query_len=2),
+            OPTIONS,
+            (
+                UsageError,
+                "the capture policy's decode_query_len (2) is not the engine's (1)",
+            ),
+        ),
+        (
+            CapturePolicy(capture_sizes=(1, 2), max_num_seqs=4),
+            OPTIONS,
+            (
+                UsageError,
+                "the capture policy's max_num_seqs (4) is not the engine's (8)",
+            ),
+        ),
+        (
+            CapturePolicy(
+                capture_sizes=(2, 4), max_num_seqs=8, microbatching=Microbatching(2)
+            ),
+            OPTIONS,
+            (TargetError, "microbatching (vLLM's UBatchRunner) is not modelled"),
+        ),
+        (
+            CapturePolicy(
+                capture_sizes=(1, 2), max_num_seqs=8, lora_capture_cases=(0, 1)
+            ),
+            OPTIONS,
+            (TargetError, "LoRA is not modelled"),
+        ),
+    ],
+)
+def test_what_the_runner_does_not_model_is_refused_in_one_line(
+    policy: CapturePolicy, options: EngineOptions, refusal: tuple[type, str]
+) -> None:
+    sources = RunnerSources.for_release("0.33.0")
+    kind, text = refusal
+    with pytest.raises(kind) as raised:
+        build_worker(
+            sources, options, policy, 0, 2, speculator=None, sync=_sync(sources)
+        )
+    assert str(raised.value) == f"runner lane: {text}"
+
+
+def _pair(
+    sources: RunnerSources,
+    policy: CapturePolicy,
+    options: EngineOptions,
+    busy: Any,
+    idle_steps: int,
+) -> SimResult:
+    steps = Steps(sources, options.num_speculative_tokens)
+    workers = []
+    for rank in range(2):
+        sync = _sync(sources)
+        speculator = build_speculator(sources, options, policy, rank, 2, sync=sync)
+        workers.append(
+            build_worker(
+                sources, options, policy, rank, 2, speculator=speculator, sync=sync
+            )
+        )
+
+    def program(rank: int) -> Any:
+        if rank == 0:
+            return busy(workers[0], steps)
+        for _ in range(idle_steps):
+            workers[1].execute_dummy_batch()
+        return None
+
+    with collect_gaps() as gaps:
+        result = simulate(program, ranks=2)
+    assert gaps == []
+    return result
+
+
+def _groups(result: SimResult, rank: int) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for c in result.ranks[rank].collectives:
+        found.setdefault(c.group, []).append((c.signature.kind, c.signature.shape))
+    return found
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_under_full_graphs_the_idle_rank_replays_the_busy_ranks_graph(
+    version: str,
+) -> None:
+    sources = RunnerSources.for_release(version)
+    full = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8), cudagraph_mode=CudagraphMode.FULL, max_num_seqs=8
+    )
+
+    def decodes(worker: Any, steps: Steps) -> None:
+        worker.execute_model(steps.prefill(["a", "b", "c"], 1))
+        worker.sample_tokens(None)
+
+    result = _pair(sources, full, OPTIONS, decodes, 1)
+    assert result.outcome == Outcome.OK
+    assert _groups(result, 0) == _groups(result, 1)
+    # Three one-token requests pad to the captured 4: one graph replay.
+    assert _groups(result, 1)[EP_GROUP] == [("all_reduce", (4,))]
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("kind", ["ar", "mtp"])
+def test_with_a_speculator_the_idle_rank_drafts_as_the_busy_one(
+    version: str, kind: str
+) -> None:
+    k = 2
+    sources = RunnerSources.for_release(version)
+    options = EngineOptions(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        speculator=kind,
+        num_speculative_tokens=k,
+    )
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16),
+        cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
+        max_num_seqs=8,
+        decode_query_len=1 + k,
+    )
+    result = _pair(sources, policy, options, _busy, 3)
+    assert result.outcome == Outcome.OK
+    assert _groups(result, 0)[DP_CPU_GROUP] == _groups(result, 1)[DP_CPU_GROUP]
+    assert _groups(result, 0)[EP_GROUP] == _groups(result, 1)[EP_GROUP]
+    forwards = [
+        Counter(e.kind for e in result.ranks[rank].events)[DRAFTER_FORWARD_EVENT]
+        for rank in range(2)
+    ]
+    assert forwards[0] == forwards[1] > 0
+    # The idle rank's dummy batch is a uniform decode of 1 + k tokens (the
+    # _dummy_run hack for the worker's 1-token request).
+    dummy = next(
+        e.payload["inputs"]
+        for e in result.ranks[1].events
+        if e.kind == SYNC_EVENT and e.payload["phase"] == "iter 1 model"
+    )
+    assert dummy["num_tokens"] == 1 + k
+    assert dummy["uniform_token_count"] == 1 + k
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_key_functions_run_mostly_for_real(version: str) -> None:
+    sources = RunnerSources.for_release(version)
+    codes = [
+        code
+        for cls in real_classes(sources)
+        for code in cls.DPSIM_ORIGIN.codes()  # type: ignore[attr-defined]
+    ]
+    with LineCoverage(codes) as coverage:
+        result = _pair(sources, PIECEWISE, OPTIONS, _busy, 3)
+    assert result.outcome == Outcome.OK
+    ran = {
+        function.name: len(function.executed) / len(function.executable)
+        for function in coverage.functions()
+    }
+    for name in (
+        "GPUModelRunner.execute_model",
+        "GPUModelRunner._dummy_run",
+        "GPUModelRunner.sample_tokens",
+        "Worker.execute_model",
+        "Worker.execute_dummy_batch",
+    ):
+        # The rest is PP, LoRA, PCP/DCP, multimodal, pooling: not modelled.
+        assert ran[name] > 0.3, (name, ran[name])
