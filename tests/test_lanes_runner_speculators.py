@@ -44,17 +44,42 @@ AR_CLASS = {
     "0.29.0": "AutoRegressiveSpeculator",
     "0.33.0": "TargetDependentARSpeculator",
 }
-#: An idle rank's propose returning before the drafter's decode steps (the
-#: class of vLLM 35294: an idle rank not drafting what busy ranks draft).
-IDLE_SKIPS_DECODE = {
-    "0.29.0": (
-        "if self.num_speculative_steps == 1:\n            # Early exit.",
-        "if self.num_speculative_steps == 1 or dummy_run:\n            # Early exit.",
-    ),
-    "0.33.0": (
-        "if num_speculative_tokens <= 1:",
-        "if num_speculative_tokens <= 1 or dummy_run:",
-    ),
+#: Planted caller bugs, per release: (old text, new text, k, per-rank loads).
+#: ``idle-skips-decode``: an idle rank's propose returns after the prefill
+#: (vLLM 35294's class: an idle rank not drafting what busy ranks draft).
+#: ``own-count-loop``: the decode loop runs as many steps as the rank has
+#: requests, a rank's own value where the agreed one belongs.
+PLANTS: dict[str, dict[str, tuple[str, str, int, tuple[int, int]]]] = {
+    "idle-skips-decode": {
+        "0.29.0": (
+            "if self.num_speculative_steps == 1:\n            # Early exit.",
+            "if self.num_speculative_steps == 1 or dummy_run:\n            # Early exit.",
+            3,
+            (2, 0),
+        ),
+        "0.33.0": (
+            "if num_speculative_tokens <= 1:",
+            "if num_speculative_tokens <= 1 or dummy_run:",
+            3,
+            (2, 0),
+        ),
+    },
+    "own-count-loop": {
+        "0.29.0": (
+            "for step in range(1, self.num_speculative_steps):\n            # Rebuild",
+            "for step in range(1, min(self.num_speculative_steps, num_reqs + 1)):\n"
+            "            # Rebuild",
+            4,
+            (3, 1),
+        ),
+        "0.33.0": (
+            "for step in range(1, num_speculative_steps):\n            # Rebuild",
+            "for step in range(1, min(num_speculative_steps, num_reqs + 1)):\n"
+            "            # Rebuild",
+            4,
+            (3, 1),
+        ),
+    },
 }
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
@@ -233,23 +258,24 @@ def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) ->
 
 @pytest.mark.release
 @pytest.mark.parametrize("version", RELEASES)
-def test_an_idle_rank_skipping_the_drafters_decode_hangs(
-    version: str, tmp_path: Path
-) -> None:
-    """A planted 35294-class bug: the idle rank's propose returns after the
-    prefill, so the busy rank waits alone in its decode forward."""
-    old, new = IDLE_SKIPS_DECODE[version]
+@pytest.mark.parametrize("plant", sorted(PLANTS))
+def test_a_planted_drafter_bug_hangs(version: str, plant: str, tmp_path: Path) -> None:
+    """Each planted bug leaves a rank waiting in the drafter's decode (0.33's
+    decode forward, 0.29's decode sync) while the other has finished, where
+    the unplanted release drafts in step (test_ranks_draft_in_step...)."""
+    old, new, k, loads = PLANTS[plant][version]
     sources = _planted(version, tmp_path, AR_FILE[version], old, new)
-    result, gaps = _run(sources, "ar", 3, (2, 0))
+    result, gaps = _run(sources, "ar", k, loads)
     assert gaps == []
     assert result.outcome in (Outcome.HANG, Outcome.MISMATCH)
-    # The idle rank drafted once (its prefill) and finished; the busy rank
-    # waits in what comes next: 0.33's decode forward, 0.29's decode sync.
-    assert _counts(result, 1)[1] == 1
     assert [trace.state for trace in result.ranks] == [
         RankState.WAITING,
         RankState.FINISHED,
     ]
+    # The finished rank drafted less than the waiting one set out to.
+    assert _counts(result, 1)[1] < k
+    unplanted, _ = _run(_release(version), "ar", k, loads)
+    assert unplanted.outcome == Outcome.OK
 
 
 @pytest.mark.release
