@@ -403,6 +403,13 @@ def test_an_idle_rank_runs_dummy_batches_until_the_wave_ends(
     assert _engine_dp(result, 1)[-1] == [0, 0]
     assert coordinator.log[-1] == ("complete", 0, 0)
     assert coordinator.current_wave == 1 and not coordinator.engines_running
+    origins = engine_module.engine_classes(_sources(version)).origins
+    assert [origin.class_name for origin in origins] == [
+        "DPEngineCoreProc",
+        "EngineCoreProc",
+        "EngineCore",
+        "ParallelConfig",
+    ]
 
 
 @pytest.mark.release

@@ -88,7 +88,7 @@ from dpsim.lanes.runner.coordinator import (
     EngineCoreOutputs,
     front_end_wakes_engines,
 )
-from dpsim.lanes.runner.extract import class_methods, real_class
+from dpsim.lanes.runner.extract import Origin, class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
@@ -364,6 +364,18 @@ class EngineClasses:
     engine: type
     parallel_config: type
     front_end_wakes: bool
+
+    @property
+    def origins(self) -> tuple[Origin, ...]:
+        """Where each rebuilt class came from (for line coverage), outermost
+        vLLM class first: DPEngineCoreProc, EngineCoreProc, EngineCore,
+        ParallelConfig."""
+        found = [
+            klass.__dict__["DPSIM_ORIGIN"]
+            for klass in (*self.engine.__mro__, self.parallel_config)
+            if "DPSIM_ORIGIN" in klass.__dict__
+        ]
+        return tuple(found)
 
 
 @functools.lru_cache(maxsize=16)
