@@ -73,11 +73,17 @@ def add_lane_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lane", choices=LANES, default=DEFAULT_LANE, help=LANE_HELP)
 
 
-def check_lane(lane: str, runner: str | None, command: str) -> None:
+def check_lane(
+    lane: str,
+    runner: str | None,
+    command: str,
+    *,
+    flags: str = "--lane runner --runner v1",
+) -> None:
     """Refuse in one line what the runner lane cannot be combined with."""
     if lane == "runner" and runner == "v1":
         raise UsageError(
-            f"{command} --lane runner --runner v1: the runner lane drives the V2 "
+            f"{command} {flags}: the runner lane drives the V2 "
             "model runner only (the V1 runner's lane is issue 17)"
         )
 

@@ -22,6 +22,9 @@ pytest's configuration, sees them too):
   --dpsim-db URL          DPSIM_HYPOTHESIS_DB  shared example database
                                            (see dpsim.database)
   --dpsim-examples N      DPSIM_EXAMPLES   examples per scenario
+  --dpsim-lane NAME       DPSIM_LANE       sync (default: the scenario tests) or
+                                           runner (vLLM's real engine loop,
+                                           worker, model runner, speculators)
 
 Hypothesis settings profiles ``dev`` (fast), ``ci`` and ``nightly`` are
 registered; pick one with Hypothesis' own ``--hypothesis-profile`` (default
@@ -48,7 +51,7 @@ from hypothesis.reporting import current_reporter
 from dpsim import allowances
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
-from dpsim.options import RUNNER_HELP
+from dpsim.options import LANE_HELP, RUNNER_HELP
 from dpsim.suite.config import SUITE_TEST, SuiteConfig, SuiteOptions, resolve
 
 __all__ = ["SuiteConfig", "current_suite", "suite_options", "suite_settings"]
@@ -84,6 +87,7 @@ _OPTIONS = (
         "github:OWNER/REPO[:ARTIFACT] or none",
     ),
     ("examples", "DPSIM_EXAMPLES", "examples per scenario (overrides the profile)"),
+    ("lane", "DPSIM_LANE", LANE_HELP),
 )
 
 
@@ -130,8 +134,10 @@ def _configure(values: dict[str, str | None], explicit_profile: bool) -> _Config
         caller_file=merged["caller-file"],
         policy=merged["policy"],
         profile=merged["profile"] or "caller",
-        ranks=merged["ranks"] or "2..16",
+        # The runner lane runs whole engines per rank: fewer ranks by default.
+        ranks=merged["ranks"] or ("2..4" if merged["lane"] == "runner" else "2..16"),
         out=merged["out"] or "dpsim-out",
+        lane=merged["lane"] or "sync",
     )
     options.validate()
     overrides: dict[str, Any] = {}

@@ -82,3 +82,19 @@ def test_replay_refuses_a_malformed_runner_file_in_one_line(
     assert main(["replay", str(path)]) == 2
     line = _one_error_line(capsys)
     assert "malformed runner case" in line and str(path) in line
+
+
+def test_the_pytest_plugin_takes_a_lane() -> None:
+    from dpsim.errors import UsageError
+    from dpsim.pytest_plugin import _configure
+
+    assert _configure({}, False).options.lane == "sync"
+    runner = _configure({"lane": "runner"}, False).options
+    assert runner.lane == "runner" and runner.ranks == "2..4"
+    assert _configure({}, False).options.ranks == "2..16"
+    with pytest.raises(UsageError, match="--dpsim-lane runner --dpsim-runner v1"):
+        _configure({"lane": "runner", "runner": "v1"}, False)
+    with pytest.raises(UsageError, match="lane 'bus'"):
+        _configure({"lane": "bus"}, False)
+    with pytest.raises(UsageError, match="--dpsim-policy and --dpsim-target"):
+        _configure({"lane": "runner", "policy": "p.toml"}, False)

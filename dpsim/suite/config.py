@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpsim.errors import UsageError
-from dpsim.options import parse_ranks, parse_runner
+from dpsim.lanes import LANES
+from dpsim.options import check_lane, parse_ranks, parse_runner
 from dpsim.records.case import PROFILES
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ class SuiteConfig:
     profile: str
     ranks: tuple[int, int]
     out: Path
+    #: ``sync`` (the scenario tests run) or ``runner`` (the runner lane's test).
+    lane: str = "sync"
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,26 @@ class SuiteOptions:
     profile: str = "caller"
     ranks: str = "2..16"
     out: str = "dpsim-out"
+    #: ``sync`` or ``runner`` (see :mod:`dpsim.lanes`).
+    lane: str = "sync"
 
     def validate(self) -> None:
-        """Refuse a bad profile or runner when the session starts; the ranks
-        are parsed when the suite first resolves (:func:`resolve`)."""
+        """Refuse a bad profile, runner or lane when the session starts; the
+        ranks are parsed when the suite first resolves (:func:`resolve`)."""
         parse_runner(self.runner, "runner")
+        if self.lane not in LANES:
+            raise UsageError(f"lane {self.lane!r}: expected one of {', '.join(LANES)}")
+        check_lane(
+            self.lane,
+            self.runner,
+            "pytest",
+            flags="--dpsim-lane runner --dpsim-runner v1",
+        )
+        if self.lane == "runner" and (self.policy or self.target):
+            raise UsageError(
+                "--dpsim-lane runner: --dpsim-policy and --dpsim-target are the "
+                "sync lane's"
+            )
         if self.profile not in PROFILES:
             raise UsageError(
                 f"profile {self.profile!r}: expected one of {', '.join(PROFILES)}"
@@ -108,4 +126,5 @@ def resolve(options: SuiteOptions) -> SuiteConfig:
         profile=options.profile,
         ranks=parse_ranks(options.ranks),
         out=Path(options.out),
+        lane=options.lane,
     )
