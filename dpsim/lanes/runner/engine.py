@@ -16,8 +16,8 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
   (``publish_dp_lb_stats`` is False), ``_should_throttle_prefills``;
 * ``EngineCoreProc``: ``has_work``, ``is_running``, ``_process_input_queue``,
   ``_process_engine_step``, ``_handle_shutdown``, ``_handle_client_request``
-  (ADD, WAKEUP), the request rejections it calls, ``_notify_idle_state_callbacks``,
-  ``_send_abort_outputs``;
+  (ADD, WAKEUP), its checks whether to reject a request (shutting down;
+  0.33: paused), ``_notify_idle_state_callbacks``;
 * ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
   batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
   PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
@@ -108,6 +108,9 @@ ENGINE_MODULES = (ENGINE_CORE_MODULE, PARALLEL_CONFIG_MODULE, COORDINATOR_MODULE
 #: Per real class: the methods kept (a release lacking one is refused), and
 #: those kept where the release defines them (they came or went between
 #: 0.29 and 0.33; when absent, nothing in the kept methods calls them).
+#: Methods DPEngineCoreProc overrides are not kept from its parents, nor
+#: those only an abort-mode shutdown or a rejected request reaches (the lane
+#: takes neither path; reaching one is a gap).
 _ENGINE_CORE = (
     (
         "add_request",
@@ -115,7 +118,6 @@ _ENGINE_CORE = (
         "capture_iteration_details",
         "_make_iteration_details_stats",
         "_attach_iteration_details",
-        "_should_throttle_prefills",
         "step",
         "post_step",
         "step_with_batch_queue",
@@ -128,15 +130,12 @@ _ENGINE_CORE_PROC = (
     (
         "has_work",
         "is_running",
-        "run_busy_loop",
-        "_maybe_publish_request_counts",
         "_process_input_queue",
         "_process_engine_step",
         "_notify_idle_state_callbacks",
         "_handle_shutdown",
         "_handle_client_request",
         "_reject_add_in_shutdown",
-        "_send_abort_outputs",
     ),
     ("_reject_add_while_paused",),
 )
