@@ -259,6 +259,28 @@ def test_throttled_step_defers_prefills_while_a_decode_runs(new_tree: Tree) -> N
     assert scheduler.schedule(False).num_scheduled_tokens == {"b": 4}
 
 
+@pytest.mark.parametrize(
+    ("crowded", "second"), [(False, {"a": 1}), (True, {"a": 1, "b": 7})]
+)
+def test_a_capacity_bound_engine_does_not_defer_prefill_chunks(
+    new_tree: Tree, crowded: bool, second: dict[str, int]
+) -> None:
+    options = EngineOptions(max_num_seqs=2, max_num_batched_tokens=8)
+    scripts = [RequestScript("a", 0, 2, 5), RequestScript("b", 0, 20, 1)]
+    if crowded:
+        scripts.append(RequestScript("c", 0, 2, 1))
+    stream = RankStream(tuple(scripts))
+    scheduler = ModelledScheduler(stream, options, new_tree)
+    for script in scripts:
+        scheduler.add_request(make_request(script))
+    output = scheduler.schedule(False)
+    assert output.num_scheduled_tokens == {"a": 2, "b": 6}
+    scheduler.update_from_output(output, None)
+    # Throttled: b's next chunk waits, unless c could not be admitted last
+    # time (prefill_capacity_bound).
+    assert scheduler.schedule(True).num_scheduled_tokens == second
+
+
 def test_async_scheduling_uses_placeholders_and_stops_at_max_tokens(
     new_tree: Tree,
 ) -> None:

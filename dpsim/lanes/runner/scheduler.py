@@ -35,7 +35,9 @@ step (vLLM 0.33.0 ``Scheduler.schedule`` unless noted):
   so it computes 1 token (padded as above);
 * DP prefill throttling (``throttle_prefills``, the engine's
   ``_should_throttle_prefills``): prefill chunks and admissions wait while a
-  decode is running (``prefill_capacity_bound`` is taken as False);
+  decode is running, unless the last releasing step left admissible
+  requests waiting (``prefill_capacity_bound``: 0.29 any waiting request,
+  0.33 any not held back);
 * ``skip_drafts`` (0.33, ``_drafts_unused``): set when, for every scheduled
   request, the step is a non-final prefill chunk or samples its last output
   token; ``num_spec_tokens_to_schedule`` is k (no dynamic speculative decoding);
@@ -258,6 +260,7 @@ class ModelledScheduler(StrictObject):
         self._finished: set[str] = set()
         self._steps: list[_Step] = []
         self._next_block = 0
+        self._capacity_bound = False
 
     # What the engine asks ------------------------------------------------------
 
@@ -310,8 +313,10 @@ class ModelledScheduler(StrictObject):
         before: dict[str, int] = {}
         new_blocks: dict[str, list[int]] = {}
 
-        defer_prefills = throttle_prefills and any(
-            not live.is_prefill_chunk for live in self._running
+        defer_prefills = (
+            throttle_prefills
+            and not self._capacity_bound
+            and any(not live.is_prefill_chunk for live in self._running)
         )
         threshold = options.long_prefill_token_threshold
         if self._v033 and len(self._running) + len(self._waiting) <= 1:
@@ -428,6 +433,14 @@ class ModelledScheduler(StrictObject):
             )
         # Held requests go back to the front, in their order (skip_request).
         self._waiting[:0] = held
+        if not defer_prefills:
+            # A releasing step that left admissible requests waiting was
+            # capacity-bound: the next throttled step does not defer.
+            self._capacity_bound = (
+                any(live.status == "waiting" for live in self._waiting)
+                if self._v033
+                else bool(self._waiting)
+            )
 
         for req_id, num_new in scheduled.items():
             new_blocks[req_id] = self._allocate(
