@@ -103,6 +103,7 @@ def real_classes(sources: Sources) -> tuple[type, ...]:
     )
 
 
+@functools.lru_cache(maxsize=16)
 def _worker_class(sources: Sources) -> type:
     kit = runner_kit(sources, sources.target)
     outputs = kit.modules[OUTPUTS_MODULE]
