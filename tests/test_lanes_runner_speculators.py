@@ -27,6 +27,7 @@ from dpsim.lanes.runner.speculators import build_speculator
 from dpsim.lanes.runner.stream import EngineOptions
 from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
 from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
+from dpsim.lanes.runner.where import LineCoverage
 from dpsim.records.groups import EP_GROUP
 from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import SYNC_EVENT
@@ -254,6 +255,29 @@ def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) ->
                 assert real.dispatch(reqs, tokens, uniform, 0) == expected.dispatch(
                     reqs, tokens, uniform, 0
                 )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_what_runs_for_real_is_vllms_own_code(version: str) -> None:
+    """The rebuilt classes carry the release's file and lines, and one
+    busy/idle pair runs three quarters of propose, the decode loop, and
+    init_cudagraph_manager."""
+    sources = _release(version)
+    classes = speculators.real_classes(sources)
+    names = [cls.__name__ for cls in classes]
+    assert names[:3] == ["DraftModelSpeculator", AR_CLASS[version], "MTPSpeculator"]
+    codes = [code for cls in classes for code in cls.DPSIM_ORIGIN.codes()]
+    assert {Path(code.co_filename).name for code in codes} >= {"speculator.py"}
+    with LineCoverage(codes) as coverage:
+        _run(sources, "ar", 3, (2, 0))
+    covered = {f.name.rsplit(".", 1)[-1]: f for f in coverage.functions()}
+    propose = covered["propose"]
+    assert len(propose.executed) >= 0.75 * len(propose.executable)
+    assert covered["_multi_step_decode"].executed
+    init = covered["init_cudagraph_manager"]
+    # All but the branch for modes without FULL decodes.
+    assert len(init.executable - init.executed) == 1
 
 
 @pytest.mark.release

@@ -199,6 +199,8 @@ class SpeculatorClasses:
     attributes: Mapping[str, frozenset[str]]
     #: The speculators' ``set_forward_context``, which their model reads.
     contexts: ForwardContexts
+    #: The drafter's ``SpeculatorCudaGraphManager`` over the release's manager.
+    graphs: type
 
 
 def build_speculator(
@@ -357,6 +359,7 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
         ),
     )
     contexts = kit.forward_contexts
+    graphs = _graphs_class(path_of[layout.graphs_module], version, target)
     autoregressive = real_class(
         path_of[layout.module],
         layout.class_name,
@@ -383,9 +386,7 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
             "update_draft_inputs": _launcher(
                 "update_draft_inputs", _update_draft_inputs
             ),
-            _GRAPHS_CLASS: _graphs_class(
-                path_of[layout.graphs_module], version, target
-            ),
+            _GRAPHS_CLASS: graphs,
         },
         bases=(draft_model,),
         decorators=_DECORATORS,
@@ -411,7 +412,38 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
         kinds=kinds,
         attributes=attributes,
         contexts=contexts,
+        graphs=graphs,
     )
+
+
+def real_classes(sources: Sources, target: Target | None = None) -> tuple[type, ...]:
+    """The release's speculator classes rebuilt from its files (each one's
+    real methods: ``cls.DPSIM_ORIGIN.codes()``), for line coverage; what
+    they are given instead of vLLM's is :data:`STOOD_IN`."""
+    classes = speculator_classes(sources, target or sources.target)
+    built = (classes.draft_model, *classes.kinds.values(), classes.graphs)
+    return tuple(cls for cls in built if "DPSIM_ORIGIN" in cls.__dict__)
+
+
+#: What the speculators' real methods are given in place of vLLM's, and why
+#: (for ``dpsim targets --lane runner``).
+STOOD_IN: dict[str, str] = {
+    "prepare_prefill_inputs, prepare_decode_inputs, update_draft_inputs": (
+        "triton kernels; their index bookkeeping in CPU torch"
+    ),
+    "model": "the draft model; EP collectives at the chosen shape, a "
+    "drafter-forward event each (forward.FakeModel)",
+    "prefill/decode_cudagraph_manager.graphs": "captured graphs; replay is a "
+    "drafter forward (forward.FakeGraph); the managers themselves are real",
+    "set_forward_context": "per-thread forward context; per virtual rank, the "
+    "model runner's (forward.ForwardContexts)",
+    "block_tables, build_slot_mappings_by_layer, build_attn_metadata": (
+        "KV slots and attention metadata, read only by attention kernels; none built"
+    ),
+    "input_buffers": "GPU input buffers; CPU tensors of the real shapes",
+    "load_model, set_attn, capture": "weights, attention backends, CUDA graph "
+    "capture; not run (their attributes set as they set them)",
+}
 
 
 # -- reading the release ------------------------------------------------------
