@@ -48,12 +48,19 @@ speculator``):
 vLLM          ``"ar"`` (target-dependent autoregressive,   ``"mtp"``
               the EAGLE drafter)
 ============  ==========================================  ======================
-0.28 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
+0.29 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
               ``AutoRegressiveSpeculator``                 ``MTPSpeculator``
 0.32 - 0.33   ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
               ``TargetDependentARSpeculator``              ``MTPSpeculator``
 ============  ==========================================  ======================
 
+Both kinds run on every release from 0.29.0 to 0.33.0, every cudagraph mode
+(0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
+agreement, with no collective).
+``"ar"`` is the class EAGLE's ``EagleSpeculator`` derives from (it adds only
+weight loading). Dynamic speculative decoding (a per-batch-size k) is not
+modelled: vLLM turns it off under DP (``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``,
+0.33), since ranks would pick different k.
 A release or tree without them is refused in one line naming what is missing.
 MTP's ``load_draft_model`` is not run (it loads weights): its
 ``share_mtp_topk_indices`` keeps the class default (False: a drafter without
