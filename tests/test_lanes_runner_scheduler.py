@@ -21,7 +21,9 @@ from dpsim.lanes.runner.scheduler import (
     INTERFACE_MODULE,
     OUTPUT_MODULE,
     ModelledScheduler,
+    SchedulerRules,
     make_request,
+    rules_for,
 )
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import ModelGap, collect_gaps
@@ -100,8 +102,10 @@ class Tree:
         return loader.module(name)
 
 
-def fake_tree(root: Path, extra: str = "    skip_drafts: bool = False") -> Tree:
-    tree = Tree(root / "vllm")
+def fake_tree(
+    root: Path, extra: str = "    skip_drafts: bool = False", version: str | None = None
+) -> Tree:
+    tree = Tree(root / "vllm", version)
     for module, text in (
         (OUTPUT_MODULE, OUTPUT.replace("EXTRA", extra)),
         (INTERFACE_MODULE, INTERFACE),
@@ -119,7 +123,7 @@ def new_tree(tmp_path: Path) -> Tree:
 
 @pytest.fixture
 def old_tree(tmp_path: Path) -> Tree:
-    return fake_tree(tmp_path / "old", extra="")
+    return fake_tree(tmp_path / "old", extra="", version="0.29.0")
 
 
 @dataclass
@@ -410,3 +414,29 @@ def test_real_output_classes(version: str) -> None:
     assert new_request.prompt_len == 20
     assert new_request.sampling_params.max_tokens == 8
     assert new_request.block_ids == ([0, 1],)
+
+
+def test_rules_follow_the_release() -> None:
+    assert rules_for("0.29.0") == SchedulerRules(False, False, False)
+    assert rules_for("0.30.0") == SchedulerRules(True, False, False)
+    assert (
+        rules_for("0.31.0") == rules_for("0.33.0") == SchedulerRules(True, True, True)
+    )
+    # A tree of unknown version is taken to be current.
+    assert rules_for(None) == rules_for("0.33.0")
+
+
+def test_a_lone_kv_loaded_request_is_padded_from_0_30(tmp_path: Path) -> None:
+    options = EngineOptions(speculator="ar", num_speculative_tokens=2)
+    stream = RankStream((RequestScript("a", 0, 5, 3, kv_wait=1),))
+    firsts = []
+    for version in ("0.29.0", "0.30.0"):
+        tree = fake_tree(tmp_path / version, extra="", version=version)
+        scheduler = ModelledScheduler(stream, options, tree)
+        scheduler.add_request(make_request(stream.requests[0]))
+        scheduler.update_from_output(scheduler.schedule(), None)
+        output = scheduler.schedule()
+        firsts.append(
+            (output.num_scheduled_tokens, output.scheduled_spec_decode_tokens)
+        )
+    assert firsts == [({"a": 1}, {}), ({"a": 3}, {"a": [-1, -1]})]

@@ -8,12 +8,13 @@ real ``Request`` objects (each with a block hasher), all built from a full
 that is what the lane wants drawn adversarially (Hypothesis draws the
 request streams, :mod:`dpsim.lanes.runner.generate`). So this class is
 written from scratch, following the real scheduler's decisions that shape a
-step (vLLM 0.33.0 ``Scheduler.schedule`` unless noted):
+step (vLLM 0.33.0 ``Scheduler.schedule``; where 0.29-0.32's differ, as
+read in their scheduler.py, :class:`SchedulerRules` says how):
 
 * running requests first, in order: ``num_new_tokens = num_tokens_with_spec +
   num_output_placeholders - num_computed_tokens``, capped by
-  ``long_prefill_token_threshold`` (0.33: only when more than one request is
-  eligible; 0.29: always), by the token budget (``max_num_batched_tokens``)
+  ``long_prefill_token_threshold`` (0.31+: only when more than one request is
+  eligible; 0.29-0.30: always), by the token budget (``max_num_batched_tokens``)
   and by ``max_model_len - num_computed_tokens - 1`` (the "near
   max_model_len" clamp that cuts drafts); a request with 0 new tokens is
   skipped; its drafts (``spec_token_ids``) are scheduled up to what fits
@@ -25,7 +26,7 @@ step (vLLM 0.33.0 ``Scheduler.schedule`` unless noted):
 * then waiting requests in arrival order while ``len(running) <
   max_num_seqs`` and budget remains; chunked prefill is on (vLLM's default);
   a request with one token left after a remote KV load is padded to ``1 + k``
-  tokens with -1 drafts (0.33: when no prefill is scheduled and a request
+  tokens with -1 drafts (0.30+: when no prefill is scheduled and a request
   ran or tokens were computed; 0.29: when a running request was scheduled
   and no prefill was);
 * KV-transfer waits: a request with ``kv_wait = n`` is admitted into
@@ -36,8 +37,8 @@ step (vLLM 0.33.0 ``Scheduler.schedule`` unless noted):
 * DP prefill throttling (``throttle_prefills``, the engine's
   ``_should_throttle_prefills``): prefill chunks and admissions wait while a
   decode is running, unless the last releasing step left admissible
-  requests waiting (``prefill_capacity_bound``: 0.29 any waiting request,
-  0.33 any not held back);
+  requests waiting (``prefill_capacity_bound``: 0.29-0.30 any waiting
+  request, 0.31+ any not held back);
 * ``skip_drafts`` (0.33, ``_drafts_unused``): set when, for every scheduled
   request, the step is a non-final prefill chunk or samples its last output
   token; ``num_spec_tokens_to_schedule`` is k (no dynamic speculative decoding);
@@ -76,14 +77,17 @@ from typing import Any, Protocol
 from dpsim.errors import TargetError
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import StrictObject, gap, standin
+from dpsim.targets.spec import _release_key
 
 __all__ = [
     "BLOCK_SIZE",
     "INTERFACE_MODULE",
     "OUTPUT_MODULE",
     "ModelledScheduler",
+    "SchedulerRules",
     "SchedulerTypes",
     "make_request",
+    "rules_for",
     "scheduler_types",
 ]
 
@@ -164,6 +168,37 @@ def _load_types(sources: Sources) -> SchedulerTypes:
     return SchedulerTypes(
         output_fields=frozenset(f.name for f in fields(classes["SchedulerOutput"])),
         **classes,
+    )
+
+
+@dataclass(frozen=True)
+class SchedulerRules:
+    """Where releases' schedulers differ in what the model follows.
+
+    ``skip_drafts`` is not here: it is computed always and handed on only
+    where the release's SchedulerOutput has the field (0.33+).
+    """
+
+    #: 0.30+: a waiting request with one token left is padded to 1 + k when
+    #: no prefill is scheduled and a request ran *or it has computed tokens*
+    #: (0.29: only when a running request was scheduled).
+    pad_after_computed_tokens: bool
+    #: 0.31+: ``long_prefill_token_threshold`` applies only when more than one
+    #: request is eligible (0.29-0.30: always).
+    threshold_needs_company: bool
+    #: 0.31+: ``prefill_capacity_bound`` counts only waiting requests not held
+    #: back (0.29-0.30: any waiting request).
+    capacity_bound_spares_held: bool
+
+
+def rules_for(version: str | None) -> SchedulerRules:
+    """The rules of ``version``'s scheduler; a tree whose version is unknown
+    gets the newest (the lane's everyday use is a current tree)."""
+    key = _release_key(version)[:2] if version else (1 << 30, 0)
+    return SchedulerRules(
+        pad_after_computed_tokens=key >= (0, 30),
+        threshold_needs_company=key >= (0, 31),
+        capacity_bound_spares_held=key >= (0, 31),
     )
 
 
@@ -253,7 +288,7 @@ class ModelledScheduler(StrictObject):
         # A drafter with its own forward (AR, MTP) reserves lookahead slots,
         # which is what lets a V2 scheduler skip drafts (0.33 can_skip_drafts).
         self._can_skip_drafts = self._k > 0
-        self._v033 = "skip_drafts" in self._types.output_fields
+        self._rules = rules_for(sources.version)
         self._live: dict[str, _Live] = {}
         self._waiting: list[_Live] = []
         self._running: list[_Live] = []
@@ -319,7 +354,10 @@ class ModelledScheduler(StrictObject):
             and any(not live.is_prefill_chunk for live in self._running)
         )
         threshold = options.long_prefill_token_threshold
-        if self._v033 and len(self._running) + len(self._waiting) <= 1:
+        if (
+            self._rules.threshold_needs_company
+            and len(self._running) + len(self._waiting) <= 1
+        ):
             threshold = 0
 
         for live in self._running:
@@ -438,7 +476,7 @@ class ModelledScheduler(StrictObject):
             # capacity-bound: the next throttled step does not defer.
             self._capacity_bound = (
                 any(live.status == "waiting" for live in self._waiting)
-                if self._v033
+                if self._rules.capacity_bound_spares_held
                 else bool(self._waiting)
             )
 
@@ -527,7 +565,7 @@ class ModelledScheduler(StrictObject):
         self, prefill_scheduled: bool, ran: list[_Live], computed: int
     ) -> bool:
         """Whether a waiting request with one token left is padded to 1 + k."""
-        if self._v033:
+        if self._rules.pad_after_computed_tokens:
             return not prefill_scheduled and (bool(ran) or computed > 0)
         return bool(ran) and not prefill_scheduled
 
