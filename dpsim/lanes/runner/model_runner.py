@@ -83,6 +83,7 @@ WORKER_UTILS_MODULE = "vllm.v1.worker.utils"
 SPEC_UTILS_MODULE = "vllm.v1.worker.gpu.spec_decode.utils"
 FORWARD_CONTEXT_MODULE = "vllm.forward_context"
 PCP_MODULE = "vllm.v1.worker.gpu.pcp_manager"
+CP_UTILS_MODULE = "vllm.v1.worker.gpu.cp_utils"
 #: The PCP module's helpers the runner calls through ``pcp.``; with no PCP
 #: manager each hands back its input or the block tables' answer.
 PCP_HELPERS = ("maybe_get_pcp_dummy_slot_mappings", "maybe_restore_pcp_for_sampling")
@@ -98,6 +99,7 @@ MODULES = (
     SPEC_UTILS_MODULE,
     FORWARD_CONTEXT_MODULE,
     PCP_MODULE,
+    CP_UTILS_MODULE,
 )
 
 #: GPUModelRunner methods run for real: every one the file has is kept; the
@@ -143,7 +145,12 @@ STOOD_IN: dict[str, str] = {
 ABSENT = frozenset({"uniform_decode_query_len"})
 #: Features some releases' runners have, all off here: set only where the
 #: release's runner assigns them (so a release without one still lacks it).
-OFF_IN_SOME_RELEASES: dict[str, Any] = {"routed_experts_capturer": None}
+OFF_IN_SOME_RELEASES: dict[str, Any] = {
+    "routed_experts_capturer": None,
+    # Decode context parallelism is off (dcp_size 1): rank 0 of 1.
+    "dcp_rank": 0,
+    "cp_interleave": 1,
+}
 #: A stood-in batch-size-independent vocabulary: the logits' width.
 VOCAB_SIZE = 8
 
@@ -296,6 +303,8 @@ def _kit(
         (modules[WORKER_UTILS_MODULE], "get_uniform_decode_token_count"),
         (modules[SPEC_UTILS_MODULE], "get_drafter_hidden_states"),
         (forward_context, "BatchDescriptor"),
+        # 0.30 calls it whatever the DCP size (it returns None without DCP).
+        (modules[CP_UTILS_MODULE], "maybe_prepare_dcp_local_seq_lens"),
         (modules[EPLB_MODULE], "step_eplb_after"),
     ):
         value = module.__dict__.get(name)

@@ -91,6 +91,7 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.gpu.kv_connector",
     "vllm.v1.worker.gpu.ec_connector",
     "vllm.v1.worker.gpu.pcp_manager",
+    "vllm.v1.worker.gpu.cp_utils",
 )
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
