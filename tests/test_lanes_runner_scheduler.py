@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from dpsim.errors import TargetError
+from dpsim.lanes.runner.generate import workloads
 from dpsim.lanes.runner.scheduler import (
     INTERFACE_MODULE,
     OUTPUT_MODULE,
@@ -440,3 +442,74 @@ def test_a_lone_kv_loaded_request_is_padded_from_0_30(tmp_path: Path) -> None:
             (output.num_scheduled_tokens, output.scheduled_spec_decode_tokens)
         )
     assert firsts == [({"a": 1}, {}), ({"a": 3}, {"a": [-1, -1]})]
+
+
+def run_protocol(
+    scheduler: ModelledScheduler, stream: RankStream, options: EngineOptions
+) -> int:
+    """The engine's protocol (sync, or async with a batch queue of 2) until
+    the scheduler has nothing left; checks every step's bounds; returns the
+    iterations it took."""
+    queue: list[Any] = []
+    k = options.num_speculative_tokens
+    for iteration in range(200):
+        for script in stream.requests:
+            if script.arrival == iteration:
+                scheduler.add_request(make_request(script))
+        if not scheduler.has_requests() and not queue:
+            if iteration > stream.requests[-1].arrival:
+                return iteration
+            continue
+        if scheduler.has_requests():
+            output = scheduler.schedule()
+            scheduled = output.num_scheduled_tokens
+            assert output.total_num_scheduled_tokens == sum(scheduled.values())
+            assert output.total_num_scheduled_tokens <= options.max_num_batched_tokens
+            assert len(scheduled) <= options.max_num_seqs
+            computed = dict(
+                zip(
+                    output.scheduled_cached_reqs.req_ids,
+                    output.scheduled_cached_reqs.num_computed_tokens,
+                    strict=True,
+                )
+            )
+            for new in output.scheduled_new_reqs:
+                computed[new.req_id] = new.num_computed_tokens
+            assert computed.keys() == scheduled.keys()
+            for req_id, count in scheduled.items():
+                assert count > 0 and computed[req_id] + count < options.max_model_len
+                assert len(output.scheduled_spec_decode_tokens.get(req_id, ())) <= k
+                assert len(output.scheduled_spec_decode_tokens.get(req_id, ())) < count
+            queue.append(output)
+        if queue and (
+            not options.async_scheduling
+            or len(queue) == 2
+            or not scheduler.has_requests()
+        ):
+            done = queue.pop(0)
+            scheduler.update_from_output(done, None)
+            if k and not options.async_scheduling and done.total_num_scheduled_tokens:
+                ids = list(done.num_scheduled_tokens)
+                drafts = [
+                    [7] * (0 if getattr(done, "skip_drafts", False) else k) for _ in ids
+                ]
+                scheduler.update_draft_token_ids(Drafts(ids, drafts))
+    raise AssertionError("the stream never finished")
+
+
+@settings(max_examples=80, database=None, deadline=None, derandomize=True)
+@given(workloads(min_ranks=1, max_ranks=1))
+def test_generated_streams_run_to_the_end_within_bounds(
+    tmp_path_factory: pytest.TempPathFactory, workload: Any
+) -> None:
+    options, (stream,) = workload
+    if not stream.requests:
+        return
+    tree = fake_tree(tmp_path_factory.mktemp("tree"))
+    with collect_gaps() as gaps:
+        iterations = run_protocol(
+            ModelledScheduler(stream, options, tree), stream, options
+        )
+    assert gaps == []
+    # Small by design (generate's docstring: 39 at most over 300 streams).
+    assert iterations <= 48
