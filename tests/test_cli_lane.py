@@ -98,3 +98,45 @@ def test_the_pytest_plugin_takes_a_lane() -> None:
         _configure({"lane": "bus"}, False)
     with pytest.raises(UsageError, match="--dpsim-policy and --dpsim-target"):
         _configure({"lane": "runner", "policy": "p.toml"}, False)
+
+
+@pytest.mark.release
+def test_targets_lane_runner_shows_what_runs_for_real(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["targets", "--lane", "runner", "--json", "0.33.0"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lane"] == "runner" and shown["refused"] == {}
+    functions = {f["function"].split()[-1]: f for f in shown["functions"]}
+    for name in (
+        "GPUModelRunner.execute_model",
+        "GPUModelRunner._dummy_run",
+        "DPEngineCoreProc.run_busy_loop",
+        "TargetDependentARSpeculator.propose",
+    ):
+        assert 0 < functions[name]["executed"] <= functions[name]["executable"]
+
+
+@pytest.mark.release
+def test_bench_measures_the_runner_lane(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--measure", "runner", "--vllm", "0.33.0", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["ranks"], shown["iterations"], shown["refused"]) == (4, 8, 0)
+    assert shown["cases"] == 20 and 0 < shown["vllm_share"] < 1
+
+
+@pytest.mark.release
+def test_check_writes_a_runner_case_that_replays_byte_for_byte(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The check finds the 0.33 drafter-prefill assertion under a dummy run
+    (see the report: FULL graphs padding the dummy's requests) within its
+    default budget, writes it, and replay reproduces it."""
+    arguments = ["check", "--lane", "runner", "--vllm", "0.33.0", "--json"]
+    assert main([*arguments, "--out", str(tmp_path)]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["lane"] == "runner" and summary["verdict"] == "fail"
+    written = summary["counterexample"]
+    assert main(["replay", written, "--json"]) == 1
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["status"] == "reproduced"

@@ -109,3 +109,11 @@ def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
     path.write_text("{")
     with pytest.raises(UsageError, match="not JSON"):
         runner_case.read(path)
+
+
+def test_recorded_lane_files_must_be_digests(tmp_path: Path) -> None:
+    path = tmp_path / "case.json"
+    target = TARGET | {"lane_files": {"vllm.v1.engine.core": "nope"}}
+    path.write_text(json.dumps(_file(target=target).to_dict()))
+    with pytest.raises(UsageError, match="lane_files"):
+        runner_case.read(path)

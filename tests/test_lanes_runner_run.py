@@ -132,9 +132,14 @@ def test_a_hang_says_where_each_rank_stood_in_vllm(
 ) -> None:
     run = _run(release, _builders(tmp_path, lambda rank: 2 if rank == 0 else 1))
     assert run.result.outcome == Outcome.HANG
-    where = run.where(0)
-    assert where is not None and where.startswith("v1/worker/gpu/model_runner.py:")
-    assert where.endswith("in busy_loop")
+    # The innermost vLLM frame is the sync's own once the release's dp_utils
+    # counts as vLLM's (it does after a real run in the same process).
+    assert run.where(0) is not None
+    assert any(
+        line.startswith("v1/worker/gpu/model_runner.py:")
+        and line.endswith("in busy_loop")
+        for line in run.stood_at[0]
+    )
     verdicts = judge(_case(), run.result, RUNNER_LANE_PROPERTIES.values())
     assert [v.property for v in verdicts][:1] == ["no-hang"]
 

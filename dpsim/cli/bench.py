@@ -10,7 +10,7 @@ from dpsim import bench
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
-from dpsim.options import add_runner_argument
+from dpsim.options import add_runner_argument, check_lane
 from dpsim.targets import load_target
 from dpsim.targets.spec import parse_target
 
@@ -20,6 +20,8 @@ measures:
   sim     simulated rounds/s of the real sync vs. the bare calls (overhead)
   check   cases simulated and judged per second
   corpus  seconds to the first counterexample on each faulty target
+  runner  runner-lane cases/s at 4 ranks x 8 iterations, and the share of
+          time in vLLM's own code (only when named; V2 runner, 0.29+)
 
 sim and check run each model runner of --vllm (V2's dispatch_cg_and_sync_dp,
 V1's coordinate_batch_across_dp under its real caller), one row each, unless
@@ -31,8 +33,11 @@ examples:
   dpsim bench --vllm 0.29.0 --ranks 8 --json
   dpsim bench --measure sim --ranks 8 --ranks 64 --ranks 256
   dpsim bench --measure sim --runner v1 --vllm 0.33.0
+  dpsim bench --measure runner --vllm 0.33.0
 """
 MEASURES = ("sim", "check", "corpus")
+#: The runner lane's measure: run only when named (its cases drive whole engines).
+RUNNER_MEASURE = "runner"
 #: The runners measured side by side when --runner names none and the
 #: release has both, V2 first.
 RUNNERS_BESIDE = ("v2", "v1")
@@ -55,8 +60,8 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--measure",
         action="append",
-        choices=MEASURES,
-        help="what to measure (repeatable)",
+        choices=(*MEASURES, RUNNER_MEASURE),
+        help="what to measure (repeatable; runner only when named)",
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(run=run)
@@ -70,6 +75,8 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError("--ranks must be at least 1")
     if arguments.ranks and max(arguments.ranks) > MAX_RANKS:
         raise UsageError(f"--ranks {max(arguments.ranks)}: at most {MAX_RANKS:,} ranks")
+    if RUNNER_MEASURE in measures:
+        return _runner_measure(arguments, measures)
     runners: tuple[str, ...] = (arguments.runner,)
     if not arguments.runner:
         # V2's releases (0.18+) all have V1's sync too; older ones only V1's.
@@ -131,3 +138,32 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
             else "corpus  none caught",
             flush=True,
         )
+
+
+def _runner_measure(arguments: argparse.Namespace, measures: list[str]) -> int:
+    """``--measure runner`` (:func:`dpsim.lanes.runner.report.measure`)."""
+    if measures != [RUNNER_MEASURE]:
+        raise UsageError("--measure runner goes alone (it measures another lane)")
+    check_lane(
+        "runner", arguments.runner, "bench --measure runner", flags="--runner v1"
+    )
+    if arguments.ranks or arguments.rounds:
+        raise UsageError(
+            "--measure runner: 4 ranks x 8 iterations; no --ranks/--rounds"
+        )
+    from dpsim.lanes.runner.commands import refuse_unsupported
+    from dpsim.lanes.runner.report import measure
+
+    spec = parse_target(arguments.vllm, runner="v2")
+    refuse_unsupported(spec)
+    result = measure(load_target(arguments.vllm, runner="v2"))
+    if arguments.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(
+            f"runner lane on {result['target']}: {result['cases_per_s']} cases/s at "
+            f"{result['ranks']} ranks x {result['iterations']} iterations "
+            f"({result['cases']} cases in {result['seconds']}s), "
+            f"{result['vllm_share']:.0%} of the time in vLLM's own code"
+        )
+    return 0

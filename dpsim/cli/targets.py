@@ -12,7 +12,7 @@ from dpsim import allowances
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
-from dpsim.options import add_runner_argument
+from dpsim.options import add_lane_argument, add_runner_argument, check_lane
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import (
     cache_entries,
@@ -45,6 +45,7 @@ examples:
   dpsim targets --target ./dp_utils.py --vllm 0.29.0
   dpsim targets --json
   dpsim targets --refetch 0.33.0
+  dpsim targets --lane runner 0.29.0 0.33.0   what the runner lane runs for real
 """
 
 
@@ -69,10 +70,13 @@ def register(commands: Any) -> None:
         help="download the releases again, replacing their cache entries "
         "(repairs a damaged entry)",
     )
+    add_lane_argument(parser)
     parser.set_defaults(run=run)
 
 
 def run(arguments: argparse.Namespace) -> int:
+    if arguments.lane == "runner":
+        return _runner_lane(arguments)
     if arguments.fetch or arguments.refetch:
         if arguments.fetch and arguments.refetch:
             raise UsageError("--fetch and --refetch exclude each other")
@@ -96,6 +100,50 @@ def run(arguments: argparse.Namespace) -> int:
         functools.partial(_show, arguments, requests),
         allowance=allowances.from_environment(),
     )
+
+
+def _runner_lane(arguments: argparse.Namespace) -> int:
+    """``--lane runner``: per release, what the lane runs for real (with line
+    coverage of each function over a few small cases) and what it stands in."""
+    check_lane("runner", arguments.runner, "targets")
+    if arguments.target or arguments.vllm or arguments.fetch or arguments.refetch:
+        raise UsageError(
+            "targets --lane runner: name the releases or trees as SPECs "
+            "(--target, --vllm, --fetch and --refetch are the sync lane's)"
+        )
+    if not arguments.specs:
+        raise UsageError("targets --lane runner: name the releases, e.g. 0.33.0")
+    from dpsim.lanes.runner.commands import refuse_unsupported
+    from dpsim.targets.spec import parse_target
+
+    specs = [parse_target(name, runner="v2") for name in arguments.specs]
+    for spec in specs:
+        refuse_unsupported(spec)
+    return run_isolated(
+        functools.partial(_show_runner_lane, arguments, specs),
+        allowance=allowances.from_environment(),
+    )
+
+
+def _show_runner_lane(arguments: argparse.Namespace, specs: list[Any]) -> int:
+    from dpsim.lanes.runner.report import coverage_json, lane_coverage, render_coverage
+    from dpsim.targets import load_spec
+
+    failures = 0
+    for spec in specs:
+        try:
+            with prints_to_stderr():
+                target = load_spec(spec)
+                found = lane_coverage(target)
+        except UsageError as error:
+            failures += 1
+            print(f"dpsim: error: {error}", file=sys.stderr)
+            continue
+        if arguments.json:
+            print(json.dumps(coverage_json(target, found), sort_keys=True))
+        else:
+            print(render_coverage(target, found))
+    return 2 if failures else 0
 
 
 def _cached_for(runner: str | None) -> list[str]:

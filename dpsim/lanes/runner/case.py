@@ -199,9 +199,14 @@ def parse(data: Any, path: Path) -> RunnerCaseFile:
         if data.get("lane") != LANE:
             raise UsageError(f"lane must be {LANE!r}, got {shown(data.get('lane'))}")
         case = RunnerCase.from_dict(validate.required(data, "case", "file"))
+        target = validate.target(validate.required(data, "target", "file"))
+        lane_files = validate.mapping(target.get("lane_files", {}), "target.lane_files")
+        for module, digest in lane_files.items():
+            if not isinstance(digest, str) or len(digest) != 64:
+                raise UsageError(f"target.lane_files[{module[:80]!r}] is not a SHA-256")
         known = frozenset(ALL_PROPERTY_NAMES)
         return RunnerCaseFile(
-            target=validate.target(validate.required(data, "target", "file")),
+            target=target,
             case=case,
             properties=validate.names(
                 validate.required(data, "properties", "file"), "properties", known

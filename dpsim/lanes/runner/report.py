@@ -1,0 +1,247 @@
+"""What the runner lane runs of a release for real, and how fast.
+
+:func:`lane_coverage` runs a fixed set of small cases (a busy rank beside an
+idle one, without a speculator and with each one the release ships the lane
+drives, sync and async scheduling) under
+:class:`~dpsim.lanes.runner.where.LineCoverage` scoped to every class the lane
+rebuilds from the release's files (engine, model runner, speculators): per
+function, the lines that can run and those that ran. What is stood in for is
+said where each part builds it (the docstrings of
+:mod:`~dpsim.lanes.runner.engine`, :mod:`~dpsim.lanes.runner.model_runner`,
+:mod:`~dpsim.lanes.runner.worker`, :mod:`~dpsim.lanes.runner.speculators`,
+:mod:`~dpsim.lanes.runner.forward`; the scheduler is modelled:
+:mod:`~dpsim.lanes.runner.scheduler`), and any stand-in asked something it
+does not know refuses the case, named in the report.
+
+:func:`measure` times runner cases at 4 ranks x 8 iterations (cases drawn as
+the check draws them, with every request arriving within 8 engine-loop
+iterations) and, from one profiled pass, the share of the time spent in
+vLLM's own code (functions compiled from the release's files).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from random import Random
+from types import CodeType
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, find, settings
+
+from dpsim.errors import TargetError
+from dpsim.records.policy import CapturePolicy
+from dpsim.scenarios.generate import seeded_draws_only
+from dpsim.targets.load import Target
+
+from .case import RunnerCase
+from .check import runner_cases
+from .run import run_runner_case, sources_for
+from .stream import EngineOptions, RankStream, RequestScript
+from .where import FunctionCoverage, LineCoverage, is_vllm_file
+
+#: The parts whose real classes the coverage covers, with where their
+#: stand-ins are documented.
+STOOD_IN = (
+    "engine: executor, input/output queues, coordinator (dpsim.lanes.runner.engine)",
+    "scheduler: modelled, not vLLM's (dpsim.lanes.runner.scheduler)",
+    "model runner, worker: GPU/triton work, collaborators "
+    "(dpsim.lanes.runner.model_runner, .worker)",
+    "forwards: fake models and captured graphs issuing the EP collectives "
+    "(dpsim.lanes.runner.forward)",
+    "speculators: triton launchers, draft model (dpsim.lanes.runner.speculators)",
+)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """A release's lane coverage: per function, and the cases it refused."""
+
+    functions: tuple[FunctionCoverage, ...]
+    ran: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...]
+
+
+def coverage_cases() -> tuple[tuple[str, RunnerCase], ...]:
+    """Small cases reaching the lane's paths: named, busy rank 0, idle rank 1."""
+    named = []
+    for name, speculator, k, asynchronous in (
+        ("plain", None, 0, False),
+        ("async scheduling", None, 0, True),
+        ("ar k=2", "ar", 2, False),
+        ("mtp k=2", "mtp", 2, False),
+    ):
+        options = EngineOptions(
+            async_scheduling=asynchronous,
+            speculator=speculator,
+            num_speculative_tokens=k,
+            dp_sync_interval=4,
+        )
+        policy = CapturePolicy(
+            capture_sizes=(1, 2, 4, 8, 16),
+            max_num_seqs=options.max_num_seqs,
+            decode_query_len=options.decode_query_len,
+        )
+        busy = RankStream(
+            (RequestScript("a", 0, 20, 3), RequestScript("b", 1, 4, 2, kv_wait=1))
+        )
+        named.append((name, RunnerCase(policy, options, (busy, RankStream()))))
+    return tuple(named)
+
+
+def _codes(target: Target) -> list[CodeType]:
+    """Every function of every class the lane rebuilds for ``target``."""
+    from .engine import engine_classes
+    from .model_runner import runner_kit
+    from .speculators import speculator_classes
+
+    sources = sources_for(target)
+    classes: list[type] = [runner_kit(sources, target).runner_class]
+    origins = list(engine_classes(sources).origins)
+    try:
+        speculators = speculator_classes(sources, target)
+        classes.extend({speculators.draft_model, *speculators.kinds.values()})
+    except TargetError:
+        pass  # a release without them: its cases say so
+    seen: set[int] = set()
+    for klass in classes:
+        for base in klass.__mro__:
+            origin = base.__dict__.get("DPSIM_ORIGIN")
+            if origin is not None and id(origin) not in seen:
+                seen.add(id(origin))
+                origins.append(origin)
+    codes: list[CodeType] = []
+    for origin in origins:
+        codes.extend(origin.codes())
+    return codes
+
+
+def lane_coverage(target: Target) -> Coverage:
+    """Run :func:`coverage_cases` on ``target`` under line coverage."""
+    ran: list[str] = []
+    refused: list[tuple[str, str]] = []
+    cases = coverage_cases()
+    # Build the classes first (a case refused before they exist is fine).
+    for name, case in cases[:1]:
+        try:
+            run_runner_case(target, case)
+        except TargetError as error:
+            return Coverage((), (), ((name, str(error)),))
+    with LineCoverage(_codes(target)) as coverage:
+        for name, case in cases:
+            try:
+                run_runner_case(target, case)
+                ran.append(name)
+            except TargetError as error:
+                refused.append((name, str(error)))
+    return Coverage(tuple(coverage.functions()), tuple(ran), tuple(refused))
+
+
+def render_coverage(target: Target, found: Coverage) -> str:
+    lines = [f"{target.label}: runner lane"]
+    lines.append("  cases run: " + (", ".join(found.ran) or "none"))
+    for name, why in found.refused:
+        lines.append(f"  refused {name}: {why}")
+    lines.append("  real (executed/executable lines):")
+    for function in found.functions:
+        if not function.executable:
+            continue
+        share = len(function.executed) / len(function.executable)
+        lines.append(
+            f"    {len(function.executed):>4}/{len(function.executable):<4} "
+            f"{share:4.0%}  {function.shown}"
+        )
+    lines.append("  stood in (strict):")
+    lines.extend(f"    {part}" for part in STOOD_IN)
+    return "\n".join(lines)
+
+
+def coverage_json(target: Target, found: Coverage) -> dict[str, Any]:
+    return {
+        "target": target.label,
+        "lane": "runner",
+        "ran": list(found.ran),
+        "refused": {name: why for name, why in found.refused},
+        "functions": [
+            {
+                "function": function.shown,
+                "executable": len(function.executable),
+                "executed": len(function.executed),
+            }
+            for function in found.functions
+        ],
+        "stood_in": list(STOOD_IN),
+    }
+
+
+# -- speed --------------------------------------------------------------------
+
+
+def bench_cases(count: int, seed: int = 0) -> list[RunnerCase]:
+    """``count`` runner cases of 4 ranks, drawn as the check draws them."""
+    drawn: list[RunnerCase] = []
+
+    def keep(case: RunnerCase) -> bool:
+        drawn.append(case)
+        return len(drawn) >= count
+
+    with seeded_draws_only():
+        find(
+            runner_cases(ranks=(4, 4)),
+            keep,
+            settings=settings(
+                max_examples=count,
+                database=None,
+                deadline=None,
+                phases=(Phase.generate,),
+                suppress_health_check=list(HealthCheck),
+            ),
+            random=Random(seed),
+        )
+    return drawn[:count]
+
+
+def measure(target: Target, count: int = 20) -> dict[str, Any]:
+    """Runner cases per second at 4 ranks x 8 iterations, and the share of
+    time in vLLM's own code (one profiled pass over the same cases)."""
+    cases = bench_cases(count)
+    usable = []
+    for case in cases:  # warm up (class builds) and drop refused cases
+        try:
+            run_runner_case(target, case)
+            usable.append(case)
+        except TargetError:
+            pass
+    started = time.perf_counter()
+    for case in usable:
+        run_runner_case(target, case)
+    seconds = time.perf_counter() - started
+    profile = cProfile.Profile()
+    profile.enable()
+    for case in usable:
+        run_runner_case(target, case)
+    profile.disable()
+    return {
+        "measure": "runner",
+        "target": target.label,
+        "ranks": 4,
+        "iterations": 8,
+        "cases": len(usable),
+        "refused": len(cases) - len(usable),
+        "seconds": round(seconds, 3),
+        "cases_per_s": round(len(usable) / seconds, 2) if seconds else None,
+        "vllm_share": round(_vllm_share(pstats.Stats(profile).stats.items()), 3),  # type: ignore[attr-defined]
+    }
+
+
+def _vllm_share(stats: Iterable[tuple[tuple[str, int, str], Any]]) -> float:
+    """Own time in functions compiled from vLLM's files, over all own time."""
+    total = vllm = 0.0
+    for (filename, _, _), (_, _, own, _, _) in stats:
+        total += own
+        if is_vllm_file(filename):
+            vllm += own
+    return vllm / total if total else 0.0
