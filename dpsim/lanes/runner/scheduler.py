@@ -236,8 +236,6 @@ class _Live:
     is_prefill_chunk: bool = True
     kv_held: int = 0
     kv_loaded: bool = False
-    sent: bool = False
-    num_blocks: int = 0
     verifications: int = 0
     block_ids: list[int] = field(default_factory=list)
 
@@ -267,6 +265,22 @@ class _Scheduled:
 class _Step:
     output: Any
     requests: dict[str, _Scheduled]
+
+
+@dataclass
+class _Plan:
+    """The step ``schedule`` is building."""
+
+    budget: int
+    drafts_needed: bool
+    prefill_scheduled: bool = False
+    scheduled: dict[str, int] = field(default_factory=dict)
+    spec: dict[str, list[int]] = field(default_factory=dict)
+    kept: dict[str, _Scheduled] = field(default_factory=dict)
+    #: Computed tokens before this step, per scheduled request.
+    before: dict[str, int] = field(default_factory=dict)
+    ran: list[_Live] = field(default_factory=list)
+    admitted: list[_Live] = field(default_factory=list)
 
 
 class ModelledScheduler(StrictObject):
@@ -335,142 +349,23 @@ class ModelledScheduler(StrictObject):
         return None
 
     def schedule(self, throttle_prefills: bool = False) -> Any:
-        options = self._options
-        k = self._k
-        budget = options.max_num_batched_tokens
-        scheduled: dict[str, int] = {}
-        spec: dict[str, list[int]] = {}
-        kept: dict[str, _Scheduled] = {}
-        drafts_needed = not self._can_skip_drafts
-        prefill_scheduled = False
-        ran: list[_Live] = []
-        admitted: list[_Live] = []
-        before: dict[str, int] = {}
-        new_blocks: dict[str, list[int]] = {}
-
+        plan = _Plan(
+            budget=self._options.max_num_batched_tokens,
+            drafts_needed=not self._can_skip_drafts,
+        )
         defer_prefills = (
             throttle_prefills
             and not self._capacity_bound
             and any(not live.is_prefill_chunk for live in self._running)
         )
-        threshold = options.long_prefill_token_threshold
+        threshold = self._options.long_prefill_token_threshold
         if (
             self._rules.threshold_needs_company
             and len(self._running) + len(self._waiting) <= 1
         ):
             threshold = 0
-
-        for live in self._running:
-            if budget <= 0:
-                break
-            if (
-                options.async_scheduling
-                and live.num_output_placeholders > 0
-                and live.num_computed_tokens + 2 - live.num_output_placeholders
-                >= live.num_prompt_tokens + live.max_tokens
-            ):
-                continue
-            if defer_prefills and live.is_prefill_chunk:
-                continue
-            num_new = (
-                live.num_tokens
-                + len(live.spec_token_ids)
-                + live.num_output_placeholders
-                - live.num_computed_tokens
-            )
-            if 0 < threshold < num_new:
-                num_new = threshold
-            num_new = min(
-                num_new,
-                budget,
-                options.max_model_len - live.num_computed_tokens - 1,
-            )
-            if num_new <= 0:
-                continue
-            req_id = live.script.req_id
-            before[req_id] = live.num_computed_tokens
-            scheduled[req_id] = num_new
-            budget -= num_new
-            ran.append(live)
-            prefill_scheduled |= live.is_prefill_chunk
-            drafts_needed = drafts_needed or not self._drafts_unused(
-                live, live.num_computed_tokens, num_new
-            )
-            drafts = 0
-            if live.spec_token_ids:
-                fit = (
-                    num_new
-                    + live.num_computed_tokens
-                    - live.num_tokens
-                    - live.num_output_placeholders
-                )
-                if fit > 0:
-                    spec[req_id] = live.spec_token_ids[:fit]
-                    drafts = len(spec[req_id])
-                live.spec_token_ids = []
-            kept[req_id] = _Scheduled(
-                samples=live.num_computed_tokens + num_new >= live.num_tokens,
-                drafts=drafts,
-                padded=False,
-            )
-
-        held: list[_Live] = []
-        for live in self._waiting:
-            if live.status == "remote_kv":
-                live.kv_held += 1
-        while self._waiting and budget > 0:
-            if len(self._running) >= options.max_num_seqs:
-                break
-            live = self._waiting[0]
-            if live.script.kv_wait and not live.kv_loaded:
-                if live.status == "waiting":
-                    live.status = "remote_kv"
-                    live.kv_held = 1
-                if live.kv_held <= live.script.kv_wait:
-                    held.append(self._waiting.pop(0))
-                    continue
-                live.kv_loaded = True
-                live.num_computed_tokens = live.num_prompt_tokens - 1
-            computed = live.num_computed_tokens
-            if defer_prefills and computed < live.num_tokens - 1:
-                break
-            num_new = live.num_tokens - computed
-            padded = False
-            if (
-                k
-                and num_new == 1
-                and self._may_pad(prefill_scheduled, ran, computed)
-                and computed + 1 + k + 1 <= options.max_model_len
-            ):
-                # Pad only when there is room for the sampled token, and
-                # rather not schedule than schedule unpadded.
-                if 1 + k > budget:
-                    break
-                num_new = 1 + k
-                padded = True
-            if 0 < threshold < num_new:
-                num_new = threshold
-            num_new = min(num_new, budget)
-            self._waiting.pop(0)
-            self._running.append(live)
-            live.status = "running"
-            req_id = live.script.req_id
-            before[req_id] = computed
-            scheduled[req_id] = num_new
-            budget -= num_new
-            admitted.append(live)
-            drafts_needed = drafts_needed or not self._drafts_unused(
-                live, computed, num_new
-            )
-            if padded:
-                spec[req_id] = [PLACEHOLDER] * k
-            kept[req_id] = _Scheduled(
-                samples=computed + num_new >= live.num_tokens,
-                drafts=k if padded else 0,
-                padded=padded,
-            )
-        # Held requests go back to the front, in their order (skip_request).
-        self._waiting[:0] = held
+        self._schedule_running(plan, defer_prefills, threshold)
+        self._admit_waiting(plan, defer_prefills, threshold)
         if not defer_prefills:
             # A releasing step that left admissible requests waiting was
             # capacity-bound: the next throttled step does not defer.
@@ -479,46 +374,9 @@ class ModelledScheduler(StrictObject):
                 if self._rules.capacity_bound_spares_held
                 else bool(self._waiting)
             )
-
-        for req_id, num_new in scheduled.items():
-            new_blocks[req_id] = self._allocate(
-                self._live[req_id], before[req_id] + num_new
-            )
-
-        types_ = self._types
-        new_reqs = [self._new_request_data(live, new_blocks) for live in admitted]
-        cached_ids = [live.script.req_id for live in ran]
-        cached = types_.CachedRequestData(
-            req_ids=cached_ids,
-            resumed_req_ids=set(),
-            new_token_ids=[],
-            all_token_ids={},
-            new_block_ids=[
-                (new_blocks[req_id],) if new_blocks[req_id] else None
-                for req_id in cached_ids
-            ],
-            num_computed_tokens=[before[req_id] for req_id in cached_ids],
-            num_output_tokens=[
-                live.num_output_tokens + live.num_output_placeholders for live in ran
-            ],
-        )
-        finished, self._finished = self._finished, set()
-        output = self._output(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=scheduled,
-            total_num_scheduled_tokens=sum(scheduled.values()),
-            scheduled_spec_decode_tokens=spec,
-            scheduled_encoder_inputs={},
-            finished_req_ids=finished,
-            free_encoder_mm_hashes=[],
-            num_common_prefix_blocks=[],
-            preempted_req_ids=set(),
-            num_spec_tokens_to_schedule=k,
-            skip_drafts=not drafts_needed,
-        )
-        self._after_schedule(scheduled, spec)
-        self._steps.append(_Step(output, kept))
+        output = self._make_output(plan)
+        self._after_schedule(plan.scheduled, plan.spec)
+        self._steps.append(_Step(output, plan.kept))
         return output
 
     def update_from_output(
@@ -561,13 +419,169 @@ class ModelledScheduler(StrictObject):
 
     # The model's own bookkeeping ---------------------------------------------
 
-    def _may_pad(
-        self, prefill_scheduled: bool, ran: list[_Live], computed: int
-    ) -> bool:
+    def _schedule_running(
+        self, plan: _Plan, defer_prefills: bool, threshold: int
+    ) -> None:
+        """The RUNNING requests, in order (``schedule``'s first loop)."""
+        options = self._options
+        for live in self._running:
+            if plan.budget <= 0:
+                break
+            if (
+                options.async_scheduling
+                and live.num_output_placeholders > 0
+                and live.num_computed_tokens + 2 - live.num_output_placeholders
+                >= live.num_prompt_tokens + live.max_tokens
+            ):
+                continue  # sure to reach max_tokens with the step in flight
+            if defer_prefills and live.is_prefill_chunk:
+                continue
+            num_new = (
+                live.num_tokens
+                + len(live.spec_token_ids)
+                + live.num_output_placeholders
+                - live.num_computed_tokens
+            )
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(
+                num_new,
+                plan.budget,
+                options.max_model_len - live.num_computed_tokens - 1,
+            )
+            if num_new <= 0:
+                continue
+            drafts: list[int] = []
+            if live.spec_token_ids:
+                fit = (
+                    num_new
+                    + live.num_computed_tokens
+                    - live.num_tokens
+                    - live.num_output_placeholders
+                )
+                drafts = live.spec_token_ids[: max(fit, 0)]
+                live.spec_token_ids = []
+            plan.prefill_scheduled |= live.is_prefill_chunk
+            plan.ran.append(live)
+            self._add(plan, live, live.num_computed_tokens, num_new, drafts)
+
+    def _admit_waiting(self, plan: _Plan, defer_prefills: bool, threshold: int) -> None:
+        """The WAITING requests, in arrival order (``schedule``'s second loop),
+        with remote KV loads held back as vLLM's ``skip_request`` does."""
+        k = self._k
+        held: list[_Live] = []
+        for live in self._waiting:
+            if live.status == "remote_kv":
+                live.kv_held += 1
+        while self._waiting and plan.budget > 0:
+            if len(self._running) >= self._options.max_num_seqs:
+                break
+            live = self._waiting[0]
+            if live.script.kv_wait and not live.kv_loaded:
+                if live.status == "waiting":
+                    live.status = "remote_kv"
+                    live.kv_held = 1
+                if live.kv_held <= live.script.kv_wait:
+                    held.append(self._waiting.pop(0))
+                    continue
+                # Loaded: the remote prefill delivered all but the last token.
+                live.kv_loaded = True
+                live.num_computed_tokens = live.num_prompt_tokens - 1
+            computed = live.num_computed_tokens
+            if defer_prefills and computed < live.num_tokens - 1:
+                break
+            num_new = live.num_tokens - computed
+            padded = (
+                k > 0
+                and num_new == 1
+                and self._may_pad(plan, computed)
+                and computed + 1 + k + 1 <= self._options.max_model_len
+            )
+            if padded:
+                # Rather not schedule than schedule unpadded.
+                if 1 + k > plan.budget:
+                    break
+                num_new = 1 + k
+            if 0 < threshold < num_new:
+                num_new = threshold
+            num_new = min(num_new, plan.budget)
+            self._waiting.pop(0)
+            self._running.append(live)
+            live.status = "running"
+            plan.admitted.append(live)
+            drafts = [PLACEHOLDER] * k if padded else []
+            self._add(plan, live, computed, num_new, drafts, padded=padded)
+        self._waiting[:0] = held
+
+    def _add(
+        self,
+        plan: _Plan,
+        live: _Live,
+        computed: int,
+        num_new: int,
+        drafts: list[int],
+        *,
+        padded: bool = False,
+    ) -> None:
+        """Schedule ``num_new`` tokens (``drafts`` among them) for ``live``."""
+        req_id = live.script.req_id
+        plan.before[req_id] = computed
+        plan.scheduled[req_id] = num_new
+        plan.budget -= num_new
+        if drafts:
+            plan.spec[req_id] = drafts
+        plan.drafts_needed = plan.drafts_needed or not self._drafts_unused(
+            live, computed, num_new
+        )
+        plan.kept[req_id] = _Scheduled(
+            samples=computed + num_new >= live.num_tokens,
+            drafts=len(drafts),
+            padded=padded,
+        )
+
+    def _make_output(self, plan: _Plan) -> Any:
+        """The release's SchedulerOutput for ``plan`` (``schedule``'s end)."""
+        new_blocks = {
+            req_id: self._allocate(self._live[req_id], plan.before[req_id] + count)
+            for req_id, count in plan.scheduled.items()
+        }
+        cached_ids = [live.script.req_id for live in plan.ran]
+        cached = self._types.CachedRequestData(
+            req_ids=cached_ids,
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[
+                (new_blocks[req_id],) if new_blocks[req_id] else None
+                for req_id in cached_ids
+            ],
+            num_computed_tokens=[plan.before[req_id] for req_id in cached_ids],
+            num_output_tokens=[
+                live.num_output_tokens + live.num_output_placeholders
+                for live in plan.ran
+            ],
+        )
+        finished, self._finished = self._finished, set()
+        return self._output(
+            scheduled_new_reqs=[self._new_request_data(live) for live in plan.admitted],
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=plan.scheduled,
+            total_num_scheduled_tokens=sum(plan.scheduled.values()),
+            scheduled_spec_decode_tokens=plan.spec,
+            scheduled_encoder_inputs={},
+            finished_req_ids=finished,
+            free_encoder_mm_hashes=[],
+            num_common_prefix_blocks=[],
+            preempted_req_ids=set(),
+            num_spec_tokens_to_schedule=self._k,
+            skip_drafts=not plan.drafts_needed,
+        )
+
+    def _may_pad(self, plan: _Plan, computed: int) -> bool:
         """Whether a waiting request with one token left is padded to 1 + k."""
         if self._rules.pad_after_computed_tokens:
-            return not prefill_scheduled and (bool(ran) or computed > 0)
-        return bool(ran) and not prefill_scheduled
+            return not plan.prefill_scheduled and (bool(plan.ran) or computed > 0)
+        return bool(plan.ran) and not plan.prefill_scheduled
 
     def _drafts_unused(self, live: _Live, computed: int, num_new: int) -> bool:
         """vLLM 0.33's ``Scheduler._drafts_unused``: drafts proposed after
@@ -625,18 +639,14 @@ class ModelledScheduler(StrictObject):
     def _allocate(self, live: _Live, num_tokens: int) -> list[int]:
         """New block ids so the request holds ``num_tokens`` plus the k
         lookahead slots a drafter writes (``allocate_slots``)."""
-        needed = -(-(num_tokens + self._k) // BLOCK_SIZE)
-        fresh = list(
-            range(self._next_block, self._next_block + max(0, needed - live.num_blocks))
-        )
+        needed = -(-(num_tokens + self._k) // BLOCK_SIZE) - len(live.block_ids)
+        fresh = list(range(self._next_block, self._next_block + max(0, needed)))
         self._next_block += len(fresh)
-        live.num_blocks += len(fresh)
         live.block_ids.extend(fresh)
         return fresh
 
-    def _new_request_data(self, live: _Live, new_blocks: dict[str, list[int]]) -> Any:
+    def _new_request_data(self, live: _Live) -> Any:
         script = live.script
-        live.sent = True
         prompt = [TOKEN_ID] * script.prompt_len
         return self._types.NewRequestData(
             req_id=script.req_id,
