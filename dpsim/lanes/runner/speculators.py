@@ -15,7 +15,7 @@ buffers; these run for real:
   ``advance_draft_positions``;
 * from ``DraftModelSpeculator``: ``_copy_request_inputs``, ``sample_draft``
   (greedy, on fake logits), ``_prepare_eplb_forward``,
-  ``_build_uniform_batch_dp_sync`` (0.32+), the draft attention metadata
+  ``_build_uniform_batch_dp_sync`` (0.30+), the draft attention metadata
   builders around a stood-in ``build_attn_metadata``, ``observe_verification``;
 * ``init_cudagraph_manager``, which builds the drafter's prefill and decode
   ``SpeculatorCudaGraphManager`` (the release's class over the release's real
@@ -24,14 +24,17 @@ buffers; these run for real:
   ``dispatch`` is real, their captured graphs are fakes whose replay forwards;
 * ``dispatch_cg_and_sync_dp``: the release's real sync, wrapped by the sync
   recorder (:func:`dpsim.lanes.runner.syncs.recording_sync`), passed in as
-  ``sync``.
+  ``sync``. The classes are rebuilt once per release and shared by its
+  ranks, so each rank's recorder is found by the drafter graph manager the
+  real code passes first (each rank has its own), as the model runner does.
 
 Stood in for: the three triton launchers (``prepare_prefill_inputs``,
 ``prepare_decode_inputs``, ``update_draft_inputs``: their index bookkeeping
 in CPU torch, :func:`_prepare_prefill_inputs` and siblings), the draft model
 (:class:`~dpsim.lanes.runner.forward.FakeModel`: each forward issues the EP
 collectives at the shape of its forward context and leaves a drafter-forward
-event), ``set_forward_context`` (per virtual rank), the block tables' slot
+event), ``set_forward_context`` (the model runner's: one context per virtual
+rank, with vLLM's own ``DPMetadata`` count check), the block tables' slot
 mappings and the attention backends' metadata (opaque to DP: nothing builds
 any), ``build_slot_mappings_by_layer``. Not modelled, so a gap (refusal) when
 reached: eagle3's ``combine_hidden_states``, probabilistic draft sampling
