@@ -233,6 +233,48 @@ def test_ranks_draft_in_step_busy_or_idle(
 
 @pytest.mark.release
 @pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("kind", ["ar", "mtp"])
+def test_behind_the_real_engine_loop_every_step_drafts_alike(
+    version: str, kind: str
+) -> None:
+    """A whole lane run (engine loop, worker, runner, speculator): a rank that
+    decodes and a rank that idles (dummy batches) run the drafter's syncs and
+    forwards step for step."""
+    from dpsim.lanes.runner.case import RunnerCase
+    from dpsim.lanes.runner.run import run_runner_case
+    from dpsim.lanes.runner.stream import RankStream, RequestScript
+
+    k = 2
+    streams = (
+        RankStream(
+            (
+                RequestScript("a", 0, 5, 4),
+                RequestScript("b", 1, 3, 6, accepted=(0, 1)),
+            )
+        ),
+        RankStream(()),
+    )
+    case = RunnerCase(
+        _policy(1 + k),
+        EngineOptions(speculator=kind, num_speculative_tokens=k),
+        streams,
+        seed=1,
+    )
+    result = run_runner_case(_release(version).target, case).result
+    assert result.outcome == Outcome.OK
+    phases = [
+        [event.payload["phase"] for event in trace.events if event.kind == SYNC_EVENT]
+        for trace in result.ranks
+    ]
+    assert phases[0] == phases[1]
+    assert "iter 1 drafter prefill" in phases[0]
+    steps = sum(phase.endswith(" model") for phase in phases[0])
+    # Each forward step: one drafter prefill forward and k - 1 decode ones.
+    assert [_counts(result, rank)[1] for rank in range(2)] == [k * steps] * 2
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
 def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) -> None:
     """The real init_cudagraph_manager builds the drafter's prefill and
     decode tables the sync lane's drafter scenario models."""
