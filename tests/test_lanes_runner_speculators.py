@@ -114,13 +114,9 @@ def test_a_stand_in_asked_what_it_does_not_hold_is_a_gap() -> None:
 
 
 def test_prefill_inputs_point_at_each_requests_last_accepted_token() -> None:
-    buffers = standin(
-        "InputBuffers",
-        input_ids=torch.zeros(16, dtype=torch.int32),
-        positions=torch.zeros(16, dtype=torch.int64),
-        query_start_loc=torch.zeros(5, dtype=torch.int32),
-        seq_lens=torch.zeros(4, dtype=torch.int32),
-    )
+    # Nothing a GPU kernel writes for the stood-in model is written: an
+    # empty stand-in, so any read of it would be a gap.
+    buffers = standin("InputBuffers")
     last = torch.full((4,), 7, dtype=torch.int64)
     step = torch.tensor(3)
     speculators._prepare_prefill_inputs(
@@ -136,17 +132,12 @@ def test_prefill_inputs_point_at_each_requests_last_accepted_token() -> None:
     )
     assert last.tolist() == [2, 3, 0, 0]
     assert int(step) == 0
-    assert buffers.query_start_loc.tolist() == [0, 3, 6, 6, 6]
-    assert buffers.seq_lens.tolist() == [20, 20, 0, 0]
 
 
-def test_each_draft_step_writes_its_own_column_and_the_last_stops() -> None:
-    buffers = standin(
-        "InputBuffers",
-        input_ids=torch.zeros(4, dtype=torch.int32),
-        positions=torch.tensor([5, 6, 0, 0]),
-        seq_lens=torch.tensor([6, 7, 0, 0], dtype=torch.int32),
-    )
+def test_each_draft_step_writes_its_own_column() -> None:
+    # Nothing a GPU kernel writes for the stood-in model is written: an
+    # empty stand-in, so any read of it would be a gap.
+    buffers = standin("InputBuffers")
     drafts = torch.zeros(4, 3, dtype=torch.int64)
     for step in (1, 2):
         speculators._update_draft_inputs(
@@ -161,9 +152,7 @@ def test_each_draft_step_writes_its_own_column_and_the_last_stops() -> None:
             100,
             3,
         )
-    assert drafts[:2].tolist() == [[0, 11, 12], [0, 21, 22]]
-    # Only the non-final step advanced the inputs.
-    assert buffers.positions.tolist() == [6, 7, 0, 0]
+    assert drafts.tolist() == [[0, 11, 12], [0, 21, 22], [0, 0, 0], [0, 0, 0]]
 
 
 def test_class_constants_and_assigned_attributes_come_from_the_class_body() -> None:

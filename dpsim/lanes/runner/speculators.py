@@ -754,22 +754,16 @@ def _prepare_prefill_inputs(
     next_prefill_tokens: torch.Tensor,
     max_num_reqs: int,
 ) -> torch.Tensor:
-    """The triton kernel's index bookkeeping, in CPU torch: each request's last
-    accepted token, the draft step reset, positions, query starts and sequence
-    lengths copied (padded rows as the kernel pads them). Token ids are not
-    shifted: no stood-in model reads them."""
+    """The triton kernel, as far as CPU code reads its results: each request's
+    last accepted token (which ``_prefill`` indexes with) and the draft step
+    reset. The draft's token ids, positions, query starts and sequence
+    lengths it also writes are read only by the model and the attention
+    kernels, both stood in for."""
     n = input_batch.num_reqs
-    starts = input_batch.query_start_loc[: n + 1].to(torch.int64)
-    lengths = starts[1:] - starts[:-1] - num_rejected[:n].to(torch.int64)
-    last_token_indices[:n] = starts[:-1] + lengths - 1
+    ends = input_batch.query_start_loc[1 : n + 1]
+    last_token_indices[:n] = ends - 1 - num_rejected[:n]
     last_token_indices[n:] = 0
     current_draft_step.fill_(0)
-    total = int(starts[n])
-    input_buffers.positions[:total] = input_batch.positions[:total]
-    input_buffers.query_start_loc[: n + 1] = starts
-    input_buffers.query_start_loc[n + 1 :] = starts[n]
-    input_buffers.seq_lens[:n] = input_batch.seq_lens[:n]
-    input_buffers.seq_lens[n:] = 0
     return last_token_indices
 
 
@@ -783,23 +777,10 @@ def _prepare_decode_inputs(
     max_num_reqs: int,
     advance_draft_positions: bool = True,
 ) -> None:
-    """The triton kernel's decode-input bookkeeping, in CPU torch: one query
-    token per request, positions and sequence lengths advanced (clamped at
-    ``max_model_len`` as the kernel clamps them)."""
-    n = draft_tokens.shape[0]
-    input_buffers.input_ids[:n] = draft_tokens
-    sample_src_positions[:n] += 1
-    seq_lens = target_seq_lens[:n].to(torch.int64) - num_rejected[:n].to(torch.int64)
-    if advance_draft_positions:
-        input_buffers.positions[:n] = torch.clamp(
-            input_buffers.positions[:n] + 1, max=max_model_len - 1
-        )
-        seq_lens = torch.clamp(seq_lens + 1, max=max_model_len)
-    input_buffers.seq_lens[:n] = seq_lens
-    input_buffers.seq_lens[n:max_num_reqs] = 0
-    input_buffers.query_start_loc[: max_num_reqs + 1] = torch.clamp(
-        torch.arange(max_num_reqs + 1), max=n
-    )
+    """The triton kernel: it writes the decode steps' token ids, positions,
+    query starts, sequence lengths and sampling keys, which only the model,
+    the attention kernels and probabilistic sampling read (all stood in for
+    or off), so nothing is written here."""
 
 
 def _update_draft_inputs(
@@ -815,22 +796,11 @@ def _update_draft_inputs(
     num_speculative_steps: int,
     advance_draft_positions: bool = True,
 ) -> None:
-    """The triton kernel's per-step update, in CPU torch: the step's draft
-    token written, and unless it was the last step, the next step's inputs."""
+    """The triton kernel, as far as CPU code reads its results: the step's
+    draft token, in its own column of the drafts ``propose`` returns. (The
+    next step's inputs it also writes are read only by the stood-in model.)"""
     step = int(current_draft_step)
     output_draft_tokens[:num_reqs, step] = draft_tokens[:num_reqs]
-    if step >= num_speculative_steps - 1:
-        return
-    sample_src_positions[:num_reqs] += 1
-    input_buffers.input_ids[:num_reqs] = draft_tokens[:num_reqs]
-    next_input_hidden_states[:num_reqs] = hidden_states[:num_reqs]
-    if advance_draft_positions:
-        input_buffers.positions[:num_reqs] = torch.clamp(
-            input_buffers.positions[:num_reqs] + 1, max=max_model_len - 1
-        )
-        input_buffers.seq_lens[:num_reqs] = torch.clamp(
-            input_buffers.seq_lens[:num_reqs] + 1, max=max_model_len
-        )
 
 
 def _compute_slot_mappings(
