@@ -29,8 +29,9 @@ buffers; these run for real:
   real code passes first (each rank has its own), as the model runner does.
 
 Stood in for: the three triton launchers (``prepare_prefill_inputs``,
-``prepare_decode_inputs``, ``update_draft_inputs``: their index bookkeeping
-in CPU torch, :func:`_prepare_prefill_inputs` and siblings), the draft model
+``prepare_decode_inputs``, ``update_draft_inputs``: what CPU code reads
+back of their results, in CPU torch, :func:`_prepare_prefill_inputs` and
+siblings), the draft model
 (:class:`~dpsim.lanes.runner.forward.FakeModel`: each forward issues the EP
 collectives at the shape of its forward context and leaves a drafter-forward
 event), ``set_forward_context`` (the model runner's: one context per virtual
@@ -439,7 +440,8 @@ def real_classes(sources: Sources, target: Target | None = None) -> tuple[type, 
 #: (for ``dpsim targets --lane runner``).
 STOOD_IN: dict[str, str] = {
     "prepare_prefill_inputs, prepare_decode_inputs, update_draft_inputs": (
-        "triton kernels; their index bookkeeping in CPU torch"
+        "triton kernels; what CPU code reads back of their results (last-token "
+        "indices, each step's draft column)"
     ),
     "model": "the draft model; EP collectives at the chosen shape, a "
     "drafter-forward event each (forward.FakeModel)",
