@@ -221,6 +221,18 @@ def test_ranks_draft_in_step_busy_or_idle(
 
 
 @pytest.mark.release
+@pytest.mark.parametrize("version", ["0.30.0", "0.31.0", "0.32.0"])
+def test_the_releases_between_draft_in_step_too(version: str) -> None:
+    """0.30-0.32 (0.30 reuses the agreement for the decode dispatch, 0.32
+    renamed the package) run with no adaptation."""
+    for kind in ("ar", "mtp"):
+        result, gaps = _run(_release(version), kind, 3, (2, 0))
+        assert gaps == []
+        assert result.outcome == Outcome.OK
+        assert _counts(result, 0) == _counts(result, 1)
+
+
+@pytest.mark.release
 @pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("kind", ["ar", "mtp"])
 def test_behind_the_real_engine_loop_every_step_drafts_alike(
