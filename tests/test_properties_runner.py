@@ -224,3 +224,23 @@ def test_reuse_is_judged_against_the_agreement_handed_in() -> None:
         "reuse at iter 1 drafter decode: reuse changed the agreed "
         "uniform_token_count from 1 to 2"
     ]
+
+
+def test_no_error_sees_an_exception_kept_in_the_executors_future() -> None:
+    from dpsim.records.sync import WORKER_ERROR_EVENT
+
+    def program(rank: int) -> None:
+        _sync("iter 1 model", DECODE)
+        if rank == 1:
+            current_world().record(
+                WORKER_ERROR_EVENT,
+                {
+                    "error": "IndexError: out of range",
+                    "where": "model_runner.py:1 in f",
+                },
+            )
+
+    assert _verdicts(program, "no-error") == [
+        "no-error: rank 1 raised IndexError: out of range at model_runner.py:1 in f "
+        "(kept in the executor's future)"
+    ]

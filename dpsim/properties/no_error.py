@@ -12,9 +12,15 @@ assertions and crashes (26375, 30173, 35243, 55458, 56281).
 For the V1 runner the call is the caller method with the sync inside it, so
 its assertions count (the re-dispatch's count check, the dispatcher's), and
 so does the release's ``DPMetadata.make`` that the forward builds.
+
+On the runner lane, an exception vLLM's executor kept in a future (the
+engine loop re-raises it only when it pops that batch, and may first enter
+its next DP sync while peers wait) counts too (``worker_error`` events).
 """
 
 from __future__ import annotations
+
+from dpsim.records.sync import WORKER_ERROR_EVENT
 
 from .base import Evidence, Property, Verdict
 
@@ -37,6 +43,19 @@ def judge(evidence: Evidence) -> Verdict | None:
                 f"rank {failed[0][0]} raised {failed[0][1]}"
                 + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""),
             )
+    for trace in evidence.result.ranks:
+        for event in trace.events:
+            if event.kind == WORKER_ERROR_EVENT:
+                # Kept in a future by vLLM's executor: the rank went on (and
+                # its peers may hang on it), but it raised all the same.
+                return Verdict(
+                    NAME,
+                    None,
+                    (trace.rank,),
+                    f"rank {trace.rank} raised {event.payload['error']} at "
+                    f"{event.payload.get('where') or '(no vLLM frame)'} (kept in "
+                    "the executor's future)",
+                )
     for trace in evidence.result.ranks:
         if trace.error is not None:
             return Verdict(

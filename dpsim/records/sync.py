@@ -29,6 +29,11 @@ RUNNER_EVENT = "runner"
 #: drafter decode reuses one it derives from it): ``{"agreement": ...}``, the
 #: agreement handed in. The sync lane never leaves one.
 REUSE_GIVEN_EVENT = "reuse_given"
+#: The runner lane's record of an exception vLLM's executor kept in a future
+#: (a non-blocking ``execute_model`` / ``sample_tokens`` that raised), which
+#: the engine loop only re-raises when it pops that batch, often after its
+#: peers already wait for it: ``{"error": "Type: message", "where": ...}``.
+WORKER_ERROR_EVENT = "worker_error"
 
 _T = TypeVar("_T")
 _MODES = {mode.value: mode for mode in CudagraphMode}
