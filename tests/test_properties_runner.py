@@ -244,3 +244,27 @@ def test_no_error_sees_an_exception_kept_in_the_executors_future() -> None:
         "no-error: rank 1 raised IndexError: out of range at model_runner.py:1 in f "
         "(kept in the executor's future)"
     ]
+
+
+def test_drafter_forwards_counts_a_rank_in_the_engine_all_reduce_as_done() -> None:
+    """A rank that skipped its drafter and went on to the engine loop's own
+    all-reduce has drafted all it will for the step; its peer still drafting
+    shows the difference, though neither finished."""
+    from dpsim.records.groups import ENGINE_DP_GROUP
+
+    def program(rank: int) -> None:
+        world = current_world()
+        _sync("iter 1 model", DECODE)
+        _forward()
+        if rank == 1:
+            world.dist.barrier(group=world.group(ENGINE_DP_GROUP))
+        else:
+            _forward()
+            world.dist.barrier(group=world.group("ep"))
+
+    result = simulate(program, ranks=2, groups={ENGINE_DP_GROUP: (0, 1)})
+    verdicts = judge(CASE, result, [RUNNER_LANE_PROPERTIES["drafter-forwards"]])
+    assert [str(v) for v in verdicts] == [
+        "drafter-forwards at iter 1: rank 1 ran 1 drafter forwards in forward "
+        "step 1, rank 0 ran 2"
+    ]

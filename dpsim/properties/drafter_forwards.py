@@ -5,11 +5,12 @@ rank's K-th model-runner sync, ``iter K model``; see
 :mod:`dpsim.lanes.runner.syncs`), the drafter forwards each rank ran after
 that sync and before its next one (``drafter_forward`` events, one per
 stood-in drafter forward, FULL replay or eager alike) are as many on every
-rank. A rank whose step ``K`` ended (it made its next model sync, or its
-program finished) has a final count; a rank stopped inside step ``K`` (hung,
-raised, out of budget) has a count that can only grow, so the property fails
-only when a final count is below another rank's count for the same step,
-never on a count still open.
+rank. A rank whose step ``K`` ended (it made its next model sync, its
+program finished, or it entered the engine loop's own all-reduce on
+``engine_dp``, which comes after a step's forwards) has a final count; a rank
+stopped inside step ``K`` (hung, raised, out of budget) has a count that can
+only grow, so the property fails only when a final count is below another
+rank's count for the same step, never on a count still open.
 
 Why: every drafter forward of a DP+EP deployment issues the MoE collectives;
 a rank that drafts fewer steps (its own ``num_speculative_tokens`` where the
@@ -24,6 +25,7 @@ Runner lane only: the sync lane's programs run no drafter forwards.
 
 from __future__ import annotations
 
+from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.sync import SYNC_EVENT
 from dpsim.records.trace import RankState
 
@@ -42,16 +44,23 @@ def forwards_per_step(evidence: Evidence) -> list[tuple[dict[int, int], int | No
     for trace in evidence.result.ranks:
         counts: dict[int, int] = {}
         step = 0
+        started = 0  # collectives entered when the open step began
         for event in trace.events:
             if event.kind == SYNC_EVENT:
                 phase = str(event.payload["phase"])
                 if phase.endswith(_MODEL_PHASE):
                     step = int(phase.split()[1])
+                    started = event.after_collectives
                     counts.setdefault(step, 0)
             elif event.kind == DRAFTER_FORWARD_EVENT:
                 counts[step] = counts.get(step, 0) + 1
-        open_step = None if trace.state == RankState.FINISHED else step
-        counted.append((counts, open_step))
+        finished = trace.state == RankState.FINISHED or any(
+            # The engine loop's all-reduce comes after a step's forwards:
+            # a rank that entered it has drafted all it will for the step.
+            record.group == ENGINE_DP_GROUP
+            for record in trace.collectives[started:]
+        )
+        counted.append((counts, None if finished else step))
     return counted
 
 
