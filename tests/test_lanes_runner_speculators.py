@@ -9,6 +9,7 @@ textual edits of the cached release's own speculator file in a tmp tree.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import shutil
@@ -22,6 +23,7 @@ import torch
 from dpsim.errors import TargetError, UsageError
 from dpsim.lanes.runner import speculators
 from dpsim.lanes.runner.forward import HIDDEN_SIZE
+from dpsim.lanes.runner.model_runner import runner_kit
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.speculators import build_speculator
 from dpsim.lanes.runner.stream import EngineOptions
@@ -29,7 +31,7 @@ from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
 from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
 from dpsim.lanes.runner.where import LineCoverage
 from dpsim.records.groups import EP_GROUP
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.records.sync import SYNC_EVENT
 from dpsim.records.trace import Outcome, RankState, SimResult
 from dpsim.scenarios.run import manager_for, tables_for
@@ -325,6 +327,42 @@ def test_what_runs_for_real_is_vllms_own_code(version: str) -> None:
 
 @pytest.mark.release
 @pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize(
+    ("mode", "k"),
+    [("PIECEWISE", 2), ("FULL", 1)],
+)
+def test_vllm_asserts_on_an_idle_ranks_dummy_padded_out_of_uniform(
+    version: str, mode: str, k: int
+) -> None:
+    """What the lane finds in vLLM itself (every step real): an idle rank's
+    dummy batch is made from the agreed descriptor (``make_dummy``), whose
+    padding (PIECEWISE: 1 + k is no capture size; FULL: a mixed graph's
+    request count) turns the 1 + k uniform decode the rank voted into
+    another uniform count, and the drafter's prefill dispatch, reusing the
+    agreement, asserts. A busy rank with the same vote drafts fine."""
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16, 32),
+        cudagraph_mode=mode,  # type: ignore[arg-type]
+        decode_query_len=1 + k,
+        max_num_seqs=8,
+    )
+    result, gaps = _run(_release(version), "ar", k, (1, 0), policy=policy)
+    assert gaps == []
+    assert result.outcome == Outcome.CRASH
+    busy, idle = result.ranks
+    assert busy.state == RankState.WAITING  # in the drafter's prefill forward
+    assert idle.error is not None
+    assert idle.error.message == "reusing a DP sync taken over a different batch"
+    assert idle.error.where.startswith("dp_utils.py:")
+    # With the decode graphs FULL_AND_PIECEWISE adds, the same ranks draft alike.
+    fine = dataclasses.replace(policy, cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE)
+    assert _run(_release(version), "ar", k, (1, 0), policy=fine)[0].outcome == (
+        Outcome.OK
+    )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize("plant", sorted(PLANTS))
 def test_a_planted_drafter_bug_hangs(version: str, plant: str, tmp_path: Path) -> None:
     """Each planted bug leaves a rank waiting in the drafter's decode (0.33's
@@ -450,16 +488,24 @@ def _batch(num_reqs: int, per_request: int, padded: int) -> Any:
 
 
 def _run(
-    sources: RunnerSources, kind: str, k: int, loads: tuple[int, ...]
+    sources: RunnerSources,
+    kind: str,
+    k: int,
+    loads: tuple[int, ...],
+    *,
+    policy: CapturePolicy | None = None,
 ) -> tuple[SimResult, list[str]]:
     """Each rank syncs its target batch for real (``loads[rank]`` decoding
-    requests; 0: an idle rank's one-request dummy batch, as ``_dummy_run``
-    makes it), then calls its speculator's propose with the agreement, as
-    the model runner's ``sample_tokens`` and ``_dummy_run`` do."""
+    requests; 0: an idle rank's one-request dummy batch of 1 + k tokens, as
+    ``_dummy_run`` makes it), then calls its speculator's propose with the
+    agreement, as the model runner's ``sample_tokens`` and ``_dummy_run`` do.
+    An idle rank's input batch is the release's own ``InputBatch.make_dummy``
+    of the agreed descriptor, as ``execute_model`` makes it."""
     target = sources.target
     dp_size = len(loads)
     options = EngineOptions(speculator=kind, num_speculative_tokens=k)
-    policy = _policy(1 + k)
+    policy = policy or _policy(1 + k)
+    kit = runner_kit(sources, target)
     manager = manager_for(target, tables_for(target, policy, dp_size).target)
     syncs = [
         recording_sync(target, target.api._sync, Phases())  # type: ignore[attr-defined]
@@ -484,9 +530,16 @@ def _run(
             dp_size=dp_size,
             dp_rank=rank,
         )
-        batch = _batch(
-            (desc.num_reqs or requests) if dummy else requests, 1 + k, desc.num_tokens
-        )
+        if dummy:
+            buffers = kit.InputBuffers(slots, max(SIZES), "cpu")
+            batch = kit.InputBatch.make_dummy(
+                desc.num_reqs or requests,
+                desc.num_tokens,
+                buffers,
+                max_query_len=desc.max_query_len,
+            )
+        else:
+            batch = _batch(requests, 1 + k, desc.num_tokens)
         extra: dict[str, Any] = {reuse: agreed}
         if dummy:
             extra["dummy_run"] = True
