@@ -63,9 +63,9 @@ Both kinds run on every release from 0.29.0 to 0.33.0, every cudagraph mode
 agreement, with no collective).
 ``"ar"`` is the class EAGLE's ``EagleSpeculator`` derives from (it adds only
 weight loading). Dynamic speculative decoding (a per-batch-size k) is not
-modelled: vLLM turns it off under DP (``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``,
-0.33), since ranks would pick different k.
-A release or tree without them is refused in one line naming what is missing.
+modelled: vLLM turns it off under DP, since ranks would pick different k
+(0.33's ``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``). A
+release or tree without them is refused in one line naming what is missing.
 MTP's ``load_draft_model`` is not run (it loads weights): its
 ``share_mtp_topk_indices`` keeps the class default (False: a drafter without
 ``set_skip_topk``), so its hooks run their real, inert branch.
@@ -230,10 +230,10 @@ def build_speculator(
     this rank (its sync recorder); ``target`` the sync lane's loaded target of
     the same release, ``sources.target`` by default (its graph-mode enum,
     descriptors and manager class, which the drafter's managers share with
-    the model runner's: enum members compare by identity). Buffers are per rank, CPU tensors sized as vLLM sizes them
-    from ``options``; the drafter's graph managers are built by the real
-    ``init_cudagraph_manager`` from the policy's drafter table
-    (:func:`dpsim.scenarios.run.tables_for`).
+    the model runner's: enum members compare by identity). Buffers are per
+    rank, CPU tensors sized as vLLM sizes them from ``options``; the
+    drafter's graph managers are built by the real ``init_cudagraph_manager``
+    from the policy's drafter table (:func:`dpsim.scenarios.run.tables_for`).
     """
     kind = options.speculator
     if kind is None:
