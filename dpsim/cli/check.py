@@ -32,6 +32,8 @@ from dpsim.cli.progress import StatusLine
 from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
+from dpsim.lanes.runner.check import DEFAULT_RUNNER_EXAMPLES
+from dpsim.lanes.runner.check import DEFAULT_RUNNER_RANKS as RUNNER_RANKS
 from dpsim.limits import MAX_RANKS
 from dpsim.options import (
     add_lane_argument,
@@ -39,7 +41,12 @@ from dpsim.options import (
     check_lane,
     parse_ranks,
 )
-from dpsim.properties import ALL_PROPERTY_NAMES, PROPERTY_NAMES, not_run
+from dpsim.properties import (
+    ALL_PROPERTY_NAMES,
+    PROPERTY_NAMES,
+    RUNNER_LANE_PROPERTIES,
+    not_run,
+)
 from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
 from dpsim.report import render_case_run
@@ -53,6 +60,7 @@ DEFAULT_RANKS_TEXT = "2..16"
 EPILOG = f"""\
 scenarios:  {", ".join(SCENARIOS)} (default: all the target supports)
 properties: {", ".join(PROPERTY_NAMES)} (default: all)
+            runner lane: {", ".join(RUNNER_LANE_PROPERTIES)}
 profiles:   caller = what vLLM's model runner passes;
             contract = everything the function's documented contract allows
 
@@ -88,7 +96,8 @@ def register(commands: Any) -> None:
         default=None,
         metavar="N",
         help=f"cases generated per scenario (default {DEFAULT_EXAMPLES}; the runner "
-        "lane's: 100); a failure is then shrunk, which runs more cases, counted apart",
+        f"lane's: {DEFAULT_RUNNER_EXAMPLES}); a failure is then shrunk, which runs "
+        "more cases, counted apart",
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
@@ -107,7 +116,7 @@ def register(commands: Any) -> None:
 
 
 def add_case_arguments(
-    parser: argparse.ArgumentParser, ranks_default: str | None = "2..16"
+    parser: argparse.ArgumentParser, ranks_default: str | None = DEFAULT_RANKS_TEXT
 ) -> None:
     """What cases are drawn: scenarios, profile, DP sizes, a fixed policy.
     ``check`` leaves --ranks unset by default: its lanes default differently."""
@@ -126,7 +135,11 @@ def add_case_arguments(
         metavar="LO..HI",
         help=f"DP sizes to try (or one N; at most {MAX_RANKS:,}; default "
         f"{DEFAULT_RANKS_TEXT}"
-        + (", the runner lane's 2..4)" if ranks_default is None else ")"),
+        + (
+            f", the runner lane's {RUNNER_RANKS[0]}..{RUNNER_RANKS[1]})"
+            if ranks_default is None
+            else ")"
+        ),
     )
     parser.add_argument(
         "--policy", metavar="FILE", help="fix the capture policy (JSON/TOML)"
