@@ -246,3 +246,50 @@ def test_a_planted_engine_bug_is_a_hang_located_in_vllm(
         for line in run.stood_at[0]
     )
     assert any("in _has_global_unfinished_reqs" in line for line in run.stood_at[1])
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.29.0", "0.33.0"])
+def test_what_the_lane_finds_on_real_releases_full_graphs_and_a_dummy_drafter(
+    release: Callable[[str], Any], version: str
+) -> None:
+    """Finding (examined on the code, not confirmed on GPUs): with
+    cudagraph_mode FULL and a drafter, an engine whose step is a dummy batch
+    (idle, or its one request waiting for KV) crashes in its drafter's
+    prefill sync. FULL graphs pad requests (min(tokens, max_num_seqs)), the
+    dummy input batch spreads 1 + k tokens over the padded requests (1 each),
+    so the drafter's uniform decode length (1) is not the one the dummy's
+    target sync agreed (1 + k): dp_utils' reuse assertion."""
+    options = EngineOptions(
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="ar",
+        num_speculative_tokens=1,
+    )
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode="FULL",
+        max_num_seqs=2,
+        decode_query_len=2,
+    )
+    waiting = RankStream((RequestScript("r1-0", 0, 1, 1, kv_wait=1),))
+    case = RunnerCase(policy, options, (RankStream(), waiting))
+    run = run_runner_case(release(version), case)
+    verdicts = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+    assert verdicts[0].property == "no-error"
+    assert verdicts[0].phase is not None and "drafter prefill" in verdicts[0].phase
+    assert "reusing a DP sync taken over a different batch" in verdicts[0].message
+    # Not FULL: the same engines run clean.
+    piecewise = RunnerCase(
+        CapturePolicy(
+            capture_sizes=(1, 2, 4, 8),
+            cudagraph_mode="FULL_AND_PIECEWISE",
+            max_num_seqs=2,
+            decode_query_len=2,
+        ),
+        options,
+        case.streams,
+    )
+    clean = run_runner_case(release(version), piecewise)
+    assert judge(piecewise, clean.result, RUNNER_LANE_PROPERTIES.values()) == []
