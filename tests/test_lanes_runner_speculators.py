@@ -1,10 +1,11 @@
 """The real V2 speculators per virtual rank (dpsim.lanes.runner.speculators).
 
 Release tests drive two virtual ranks, each calling the real ``propose`` of
-its own speculator with a hand-built input batch after a real target sync
-(the agreement the model runner would hand over), and count what each rank
-did: syncs, drafter forwards (EP collectives), collectives. Planted bugs are
-textual edits of the cached release's own speculator file in a tmp tree.
+its own speculator after a real target sync (the agreement the model runner
+would hand over) with a hand-built decode batch, or on an idle rank the
+release's own ``InputBatch.make_dummy``, and count what each rank did: syncs,
+drafter forwards (EP collectives), collectives. Planted bugs are textual
+edits of the cached release's own speculator file in a tmp tree.
 """
 
 from __future__ import annotations
