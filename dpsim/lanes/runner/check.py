@@ -35,7 +35,7 @@ from dpsim.records.policy import (
 from dpsim.scenarios.generate import seeded_draws_only
 from dpsim.targets.load import Target
 
-from .case import SCENARIO, RunnerCase
+from .case import RunnerCase
 from .generate import engine_options, workloads
 from .run import RunnerResult, run_runner_case
 from .stream import EngineOptions
@@ -87,10 +87,6 @@ class RunnerCheckReport:
     @property
     def passed(self) -> bool:
         return self.finding is None
-
-    @property
-    def scenario(self) -> str:
-        return SCENARIO
 
 
 def runner_cases(
