@@ -110,6 +110,12 @@ def recording_sync(
     """
     signature = inspect.signature(real_function)
     parameters = signature.parameters
+    if any(p.kind not in _NAMED_KINDS for p in parameters.values()):
+        raise TypeError(f"{real_function.__name__} takes *args or **kwargs")
+    names = tuple(parameters)
+    defaults = {
+        name: p.default for name, p in parameters.items() if p.default is not p.empty
+    }
     reuse_parameter = next((p for p in REUSE_PARAMETERS if p in parameters), None)
     api = target.api
     #: The rank's latest agreement from a fresh (not reused, not solo) call.
@@ -117,9 +123,7 @@ def recording_sync(
 
     @functools.wraps(real_function)
     def sync(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        called = bound.arguments
+        called = _arguments(names, defaults, args, kwargs)
         caller = sys._getframe(1)
         phase = phase_of(DRAFTER if _is_speculator(caller) else MODEL)
         inputs = _inputs(called, dummy=_under_dummy_run(caller))
@@ -161,6 +165,31 @@ def recording_sync(
         return descriptor, agreement
 
     return sync
+
+
+#: Parameter kinds the sync's signature may have (it takes no *args/**kwargs).
+_NAMED_KINDS = frozenset(
+    {
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    }
+)
+
+
+def _arguments(
+    names: tuple[str, ...],
+    defaults: dict[str, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """The call's arguments by parameter name, defaults filled in: what
+    ``Signature.bind`` gives, without its cost on every sync (the real
+    function itself refuses a call that does not fit)."""
+    called = dict(defaults)
+    called.update(zip(names, args, strict=False))
+    called.update(kwargs)
+    return called
 
 
 def _inputs(called: dict[str, Any], *, dummy: bool) -> RankBatch:
