@@ -60,7 +60,7 @@ def test_a_bad_side_is_refused_naming_it(
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        (["--lane", "runner"], "--lane 'runner': only the sync lane exists"),
+        (["--lane", "runner"], "--lane 'runner': diff runs the sync lane only"),
         (["--expect", "paddings"], "--expect 'paddings': not a kind of difference"),
         (["--examples", "0"], "--examples must be at least 1"),
         (["--ranks", "3..2"], "--ranks '3..2'"),

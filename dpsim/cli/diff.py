@@ -50,8 +50,8 @@ kinds: {fill(", ".join(KINDS), 72, subsequent_indent="       ")}
        (syncs: a sync one side makes and the other not; error: a sync raised
        on one side, or with another message; agreement: agreed nothing on one
        side. --expect KIND counts a kind apart: neither shrunk nor a failure)
-lane:  only `sync` (the simulated sync, as check runs it); the runner lane is
-       not built yet, and any other --lane is refused
+lane:  only `sync` (the simulated sync, as check runs it); diff is not wired
+       to the runner lane yet, and any other --lane is refused
 
 examples:
   dpsim diff ~/src/vllm-main ~/src/vllm-pr         a reviewer: what does the PR change?
@@ -129,8 +129,8 @@ def expected_kinds(names: list[str]) -> frozenset[str]:
 def run(arguments: argparse.Namespace) -> int:
     if arguments.lane != "sync":
         raise UsageError(
-            f"--lane {arguments.lane!r}: only the sync lane exists; the runner "
-            "lane is not built yet"
+            f"--lane {arguments.lane!r}: diff runs the sync lane only; it is not "
+            "wired to the runner lane yet (`dpsim check --lane runner` runs it)"
         )
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
