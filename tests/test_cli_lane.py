@@ -52,7 +52,14 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
         ),
         (["check", "--lane", "runner", "--examples", "0"], "--examples must be"),
         (["check", "--lane", "bus"], "argument --lane: invalid choice: 'bus'"),
-        (["versions", "--lane", "runner"], "versions --lane runner: not wired"),
+        (
+            ["versions", "--lane", "runner", "--runner", "v1"],
+            "versions --lane runner --runner v1: the runner lane drives the V2",
+        ),
+        (
+            ["versions", "--lane", "runner", "--target", "x.py@0.33.0"],
+            "versions --lane runner: --target FILE@SPEC is the sync lane's",
+        ),
         (["fuzz", "--lane", "runner"], "fuzz --lane runner: not wired"),
         (["mutate", "--lane", "runner"], "mutate --lane runner: not wired"),
     ],
@@ -140,3 +147,16 @@ def test_check_writes_a_runner_case_that_replays_byte_for_byte(
     assert main(["replay", written, "--json"]) == 1
     replayed = json.loads(capsys.readouterr().out)
     assert replayed["status"] == "reproduced"
+
+
+@pytest.mark.release
+def test_versions_lane_runner_writes_one_row_per_release(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    arguments = ["versions", "--lane", "runner", "0.33.0", "0.28.0"]
+    assert main([*arguments, "--examples", "5", "--out", str(tmp_path)]) == 1
+    report = (tmp_path / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 2
+    assert rows[0].startswith("| vllm 0.33.0 | ")
+    assert rows[1].startswith("| 0.28.0 | error | runner lane: vllm 0.28.0 is older")

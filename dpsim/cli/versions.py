@@ -13,7 +13,6 @@ from dpsim.options import (
     add_lane_argument,
     add_runner_argument,
     parse_ranks,
-    refuse_lane,
 )
 from dpsim.records.case import PROFILES
 from dpsim.targets import parse_target
@@ -46,6 +45,7 @@ examples:
   dpsim versions --runner v1 --workers 2
   dpsim versions 0.29.0 0.33.0 --target ./dp_utils.py@0.29.0 --examples 500
   dpsim versions --profile contract --out report/
+  dpsim versions --lane runner 0.29.0 0.33.0   the runner lane, one row per release
 """
 
 
@@ -61,8 +61,19 @@ def register(commands: Any) -> None:
     )
     add_runner_argument(parser)
     parser.add_argument("--profile", default="caller", choices=PROFILES)
-    parser.add_argument("--ranks", default="2..16", metavar="LO..HI")
-    parser.add_argument("--examples", type=int, default=300, metavar="N")
+    parser.add_argument(
+        "--ranks",
+        default=None,
+        metavar="LO..HI",
+        help="default 2..16 (runner lane: 2..4)",
+    )
+    parser.add_argument(
+        "--examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="default 300 (runner lane: 100)",
+    )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
         "--workers", type=int, metavar="N", help="processes (default: cores)"
@@ -73,8 +84,11 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    refuse_lane(arguments.lane, "versions")
     check_output_directory(Path(arguments.out), "--out")
+    if arguments.lane == "runner":
+        from dpsim.lanes.runner import commands
+
+        return commands.versions(arguments)
     if arguments.specs:
         requests = [
             request
@@ -95,6 +109,10 @@ def run(arguments: argparse.Namespace) -> int:
         # Refused here, in one line, rather than as an error row.
         parse_target(request.vllm, request.target_file, runner=request.runner)
         requests.append(request)
+    if arguments.examples is None:
+        arguments.examples = 300
+    if arguments.ranks is None:
+        arguments.ranks = "2..16"
     if arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     options = CheckOptions(

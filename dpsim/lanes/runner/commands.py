@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -364,3 +365,89 @@ def _check_recorded(recorded: RunnerCaseFile, target: Target) -> None:
                 "the record; pass --vllm explicitly to run it anyway: that is how a "
                 "fix is verified"
             )
+
+
+# -- versions -----------------------------------------------------------------------
+
+#: The releases ``versions --lane runner`` checks by default: the first of each
+#: minor the lane drives.
+RUNNER_LANE_RELEASES = tuple(f"0.{minor}.0" for minor in range(29, 34))
+
+
+def versions(arguments: argparse.Namespace) -> int:
+    """``dpsim versions --lane runner``: one runner check per release (or
+    tree), one row each, written to ``--out/report.md`` and printed; a
+    release the lane cannot drive gets an ``error`` row with its refusal."""
+    from dpsim.isolation import run_isolated
+    from dpsim.targets import parse_target
+
+    if arguments.target:
+        raise UsageError(
+            "versions --lane runner: --target FILE@SPEC is the sync lane's"
+        )
+    if arguments.profile != "caller":
+        raise UsageError("versions --lane runner: --profile is the sync lane's")
+    from dpsim.options import check_lane
+
+    check_lane("runner", arguments.runner, "versions")
+    names = arguments.specs or list(RUNNER_LANE_RELEASES)
+    specs = [parse_target(name, runner="v2") for name in names]
+    if arguments.examples is not None and arguments.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    options = RunnerCheckOptions(
+        ranks=parse_ranks(arguments.ranks) if arguments.ranks else DEFAULT_RUNNER_RANKS,
+        examples=arguments.examples or DEFAULT_RUNNER_EXAMPLES,
+        seed=arguments.seed,
+    )
+    out = Path(arguments.out)
+    from dpsim import allowances
+
+    return run_isolated(
+        lambda: _versions(names, specs, options, out),
+        allowance=allowances.from_environment(),
+    )
+
+
+def _versions(
+    names: list[str], specs: list[TargetSpec], options: RunnerCheckOptions, out: Path
+) -> int:
+    rows: list[tuple[str, str, str, str]] = []
+    failed = False
+    for name, spec in zip(names, specs, strict=True):
+        try:
+            refuse_unsupported(spec)
+            target = load_spec(spec)
+            report = run_runner_check(target, options)
+        except UsageError as error:
+            rows.append((name, "error", printable(error), ""))
+            failed = True
+            continue
+        finding = report.finding
+        if finding is None:
+            rows.append((target.label, "pass", f"{report.examples} cases", ""))
+            continue
+        failed = True
+        # One folder per row: the same case found on two releases is two files.
+        written = save(target, report, out / re.sub(r"[^A-Za-z0-9._-]", "_", name))
+        rows.append(
+            (
+                target.label,
+                finding.primary.property,
+                printable(finding.primary),
+                str(written),
+            )
+        )
+    lines = [
+        f"runner lane, ranks {options.ranks[0]}..{options.ranks[1]}, "
+        f"{options.examples} examples, seed {options.seed}",
+        "",
+        "| vLLM | verdict | what | counterexample |",
+        "|---|---|---|---|",
+        *(f"| {' | '.join(cell.replace('|', '/') for cell in row)} |" for row in rows),
+    ]
+    text = "\n".join(lines) + "\n"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    print(text, end="")
+    print(f"written: {out / 'report.md'}")
+    return 1 if failed else 0
