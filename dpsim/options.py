@@ -93,5 +93,5 @@ def refuse_lane(lane: str, command: str) -> None:
     if lane != "sync":
         raise UsageError(
             f"{command} --lane {lane}: not wired to the runner lane yet; "
-            f"`dpsim check --lane runner` and `dpsim replay` run it"
+            "check, replay, versions, targets, bench and the pytest plugin run it"
         )

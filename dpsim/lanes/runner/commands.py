@@ -1,4 +1,4 @@
-"""The runner lane's side of ``dpsim check`` and ``dpsim replay``.
+"""The runner lane's side of ``dpsim check``, ``replay`` and ``versions``.
 
 ``check --lane runner`` draws runner cases (:mod:`dpsim.lanes.runner.check`),
 prints a progress line as the sync lane's check does, and writes a failing
@@ -10,7 +10,8 @@ error, including a release or case the lane cannot drive.
 
 They live with the lane, not in :mod:`dpsim.cli` (whose every module is
 imported to find its commands): ``check`` and ``replay`` import this module
-only when a runner-lane run or file asks for it.
+only when a runner-lane run or file asks for it. ``versions --lane runner``
+runs one check per release and writes a row each.
 """
 
 from __future__ import annotations
