@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,15 @@ def test_what_the_lane_finds_on_real_releases_full_graphs_and_a_dummy_drafter(
     )
     clean = run_runner_case(release(version), piecewise)
     assert judge(piecewise, clean.result, RUNNER_LANE_PROPERTIES.values()) == []
+
+
+@pytest.mark.release
+def test_a_gap_while_building_a_rank_refuses_the_run(
+    release: Callable[[str], Any], tmp_path: Path
+) -> None:
+    def worker(*args: Any, speculator: Any, sync: Any) -> Any:
+        return standin("Worker").model_runner  # asked while building: a gap
+
+    builders = _builders(tmp_path, lambda rank: 1)
+    with pytest.raises(TargetError, match=r"Worker\.model_runner"):
+        _run(release, replace(builders, worker=worker))

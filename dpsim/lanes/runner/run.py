@@ -41,7 +41,7 @@ from dpsim.targets.spec import TargetSpec
 from dpsim.terminal import printable
 
 from .case import RunnerCase
-from .strict import collect_gaps
+from .strict import ModelGap, collect_gaps
 from .syncs import Phases, recording_sync
 from .where import vllm_stack
 
@@ -150,7 +150,9 @@ def run_runner_case(
                 step_budget=step_budget,
                 on_quiescent=on_quiescent,
             )
-        except TargetError as refused:
+        except (TargetError, ModelGap) as refused:
+            # A part refused the release, or a stand-in was asked something
+            # while the ranks' parts were being built.
             raise TargetError(_refusal(target, str(refused), gaps)) from None
     if gaps:
         raise TargetError(_refusal(target, gaps[0], gaps))
