@@ -306,3 +306,43 @@ def test_a_gap_while_building_a_rank_refuses_the_run(
     builders = _builders(tmp_path, lambda rank: 1)
     with pytest.raises(TargetError, match=r"Worker\.model_runner"):
         _run(release, replace(builders, worker=worker))
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("version", "crashes"), [("0.30.0", False), ("0.33.0", True)])
+def test_what_the_lane_finds_on_real_releases_an_idle_drafter_beside_two_decodes(
+    release: Callable[[str], Any], version: str, crashes: bool
+) -> None:
+    """Finding (examined on the code, not confirmed on GPUs), 0.31 to 0.33:
+    PIECEWISE graphs and a drafter; one rank idle while its peer decodes two
+    requests uniformly (1 + k tokens each). The idle rank's dummy batch is
+    padded to the agreed 2(1 + k) tokens and built as ONE request
+    (make_dummy(batch_desc.num_reqs or num_reqs)), so its drafter's prefill
+    finds a uniform length of 2(1 + k) where the ranks agreed 1 + k: the
+    reuse assertion ends the idle rank, its peer waits in the drafter's MoE
+    collective. 0.30 runs the same case clean."""
+    options = EngineOptions(
+        max_num_seqs=2,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="ar",
+        num_speculative_tokens=1,
+    )
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode="PIECEWISE",
+        max_num_seqs=2,
+        decode_query_len=2,
+    )
+    busy = RankStream(
+        (RequestScript("r1-0", 0, 1, 2), RequestScript("r1-1", 0, 9, 1, kv_wait=1))
+    )
+    case = RunnerCase(policy, options, (RankStream(), busy))
+    run = run_runner_case(release(version), case)
+    verdicts = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+    if not crashes:
+        assert verdicts == []
+        return
+    assert verdicts[0].property == "no-error" and verdicts[0].ranks == (0,)
+    assert verdicts[0].phase == "iter 2 drafter prefill"
+    assert "reusing a DP sync taken over a different batch" in verdicts[0].message
