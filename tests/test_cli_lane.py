@@ -160,3 +160,33 @@ def test_versions_lane_runner_writes_one_row_per_release(
     assert len(rows) == 2
     assert rows[0].startswith("| vllm 0.33.0 | ")
     assert rows[1].startswith("| 0.28.0 | error | runner lane: vllm 0.28.0 is older")
+
+
+def test_a_runner_policy_must_be_one_the_lane_models(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    policy = Path(__file__).parent.parent / "docs" / "policies" / "microbatching.toml"
+    assert main(["check", "--lane", "runner", "--policy", str(policy)]) == 2
+    assert "--policy: the runner lane does not model microbatching" in _one_error_line(
+        capsys
+    )
+
+
+def test_a_fixed_policy_is_fitted_to_each_engine() -> None:
+    from dpsim.lanes.runner.check import fitted
+    from dpsim.lanes.runner.stream import EngineOptions
+    from dpsim.records.policy import CapturePolicy
+
+    options = EngineOptions(
+        max_num_seqs=4,
+        max_num_batched_tokens=12,
+        speculator="ar",
+        num_speculative_tokens=2,
+    )
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16, 32), max_capture_size=32, cudagraph_mode="FULL"
+    )
+    fit = fitted(policy, options)
+    assert fit.capture_sizes == (1, 2, 4, 8)
+    assert (fit.max_capture_size, fit.max_num_seqs, fit.decode_query_len) == (12, 4, 3)
+    assert fit.cudagraph_mode == policy.cudagraph_mode

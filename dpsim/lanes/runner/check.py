@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from random import Random
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
@@ -29,6 +29,7 @@ from dpsim.capture.strategies import MODES_SIMPLEST_FIRST
 from dpsim.properties import Property, Verdict, judge, select_for_runner_lane
 from dpsim.records.policy import (
     CapturePolicy,
+    PolicyError,
     vllm_default_max_capture_size,
     vllm_default_sizes,
 )
@@ -58,6 +59,9 @@ class RunnerCheckOptions:
     #: Only these speculators (None: no speculator); all when empty.
     speculators: tuple[str | None, ...] = ()
     shrink: bool = True
+    #: A fixed capture policy (its mode, sizes and drafter table); each case
+    #: takes its max_num_seqs and decode length from the engine options drawn.
+    policy: CapturePolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -93,20 +97,46 @@ def runner_cases(
     *,
     ranks: tuple[int, int] = DEFAULT_RUNNER_RANKS,
     speculators: tuple[str | None, ...] = (),
+    policy: CapturePolicy | None = None,
 ) -> st.SearchStrategy[RunnerCase]:
     """Runner cases: options and streams (C's strategies), a policy those
-    options fit, and a seed; every part shrinks towards less."""
+    options fit (``policy`` fitted to them, when given), and a seed; every
+    part shrinks towards less."""
     options = engine_options(speculators=speculators) if speculators else None
     return _runner_cases(
-        workloads(min_ranks=ranks[0], max_ranks=ranks[1], options=options)
+        workloads(min_ranks=ranks[0], max_ranks=ranks[1], options=options), policy
     )
 
 
 @st.composite
-def _runner_cases(draw: Any, workload: st.SearchStrategy[Any]) -> RunnerCase:
+def _runner_cases(
+    draw: Any, workload: st.SearchStrategy[Any], fixed: CapturePolicy | None
+) -> RunnerCase:
     options, streams = draw(workload)
-    return RunnerCase(
-        draw(policies_for(options)), options, streams, seed=draw(st.integers(0, 3))
+    if fixed is None:
+        policy = draw(policies_for(options))
+    else:
+        try:
+            policy = fitted(fixed, options)
+        except PolicyError:
+            reject()  # the fixed table cannot serve these options: draw others
+    return RunnerCase(policy, options, streams, seed=draw(st.integers(0, 3)))
+
+
+def fitted(policy: CapturePolicy, options: EngineOptions) -> CapturePolicy:
+    """``policy`` for an engine with ``options``: the engine's max_num_seqs
+    and decode length (1 + k), and only capture sizes within its token budget
+    (vLLM's config filters them by max_num_batched_tokens), as vLLM derives
+    its tables from them."""
+    budget = options.max_num_batched_tokens
+    ceiling = policy.max_capture_size
+    return replace(
+        policy,
+        capture_sizes=tuple(size for size in policy.capture_sizes if size <= budget)
+        or (1,),
+        max_capture_size=None if ceiling is None else min(ceiling, budget),
+        max_num_seqs=options.max_num_seqs,
+        decode_query_len=options.decode_query_len,
     )
 
 
@@ -149,7 +179,9 @@ def run_runner_check(
     target: Target, options: RunnerCheckOptions, progress: Progress | None = None
 ) -> RunnerCheckReport:
     properties = select_for_runner_lane(options.properties)
-    strategy = runner_cases(ranks=options.ranks, speculators=options.speculators)
+    strategy = runner_cases(
+        ranks=options.ranks, speculators=options.speculators, policy=options.policy
+    )
     chased: list[str] = []
     examples = 0
     generated = 0

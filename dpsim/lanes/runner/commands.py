@@ -45,6 +45,7 @@ from dpsim.properties import (
     judge,
     select_for_runner_lane,
 )
+from dpsim.records.policy import CapturePolicy
 from dpsim.records.trace import SimResult
 from dpsim.report import describe_policy, phase_table
 from dpsim.sim.render import render_table
@@ -56,7 +57,6 @@ from dpsim.terminal import printable
 #: Sync-lane options that mean nothing to the runner lane's check.
 _SYNC_ONLY_OPTIONS = (
     ("scenario", "--scenario"),
-    ("policy", "--policy"),
     ("db", "--db"),
     ("caller_file", "--caller-file"),
 )
@@ -78,7 +78,14 @@ def check_options(arguments: argparse.Namespace) -> RunnerCheckOptions:
     if ranks[0] < 1:
         raise UsageError("--ranks: at least 1")
     select_for_runner_lane(arguments.property)  # unknown names: one line, now
+    policy = None
+    if arguments.policy:
+        from dpsim.capture.policy_files import load_policy
+
+        policy = load_policy(Path(arguments.policy))
+        refuse_unmodelled(policy, "--policy")
     return RunnerCheckOptions(
+        policy=policy,
         properties=tuple(dict.fromkeys(arguments.property)),
         ranks=ranks,
         examples=arguments.examples
@@ -92,6 +99,19 @@ def refuse_unsupported(spec: TargetSpec) -> None:
     """Refuse, before anything is fetched, a release the lane cannot drive."""
     if isinstance(spec.base, ReleaseSpec):
         check_runner_lane_release(spec.base.version)
+
+
+def refuse_unmodelled(policy: CapturePolicy, flag: str) -> None:
+    """Refuse, in one line, a policy the lane's model runner does not model."""
+    for present, what in (
+        (policy.microbatching is not None, "microbatching"),
+        (policy.lora_capture_cases is not None, "LoRA capture cases"),
+        (policy.encoder_decoder, "an encoder-decoder model"),
+    ):
+        if present:
+            raise UsageError(
+                f"{flag}: the runner lane does not model {what}; drop it from the policy"
+            )
 
 
 def check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
@@ -227,6 +247,11 @@ def render_report(report: RunnerCheckReport, written: Path | None) -> str:
         "  not judged on the runner lane: "
         + "; ".join(f"{name} ({why})" for name, why in NOT_FOR_RUNNER_LANE.items()),
     ]
+    if options.policy is not None:
+        lines.append(
+            f"  policy fixed: {describe_policy(options.policy)} (fitted to each "
+            "engine's max_num_seqs, decode length and token budget)"
+        )
     finding = report.finding
     status = f"FAIL  {finding.primary}" if finding else "pass"
     lines.append(
