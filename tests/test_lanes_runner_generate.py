@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis.errors import HypothesisWarning, NoSuchExample
 
 from dpsim.lanes.runner.generate import (
     MAX_ITERATIONS,
@@ -108,3 +110,22 @@ def test_options_and_streams_can_be_fixed() -> None:
     assert fixed.speculator == "mtp" and fixed.async_scheduling
     streams = find(rank_streams(3, EngineOptions()), lambda s: True, settings=FIND)
     assert len(streams) == 3
+
+
+def test_no_threshold_vllm_asserts_on_is_drawn() -> None:
+    """A long-prefill threshold of 1..k cuts a request padded to 1 + k, where
+    vLLM's scheduler asserts (and the modelled one refuses): never drawn."""
+    with pytest.raises(NoSuchExample):
+        find(
+            engine_options(speculators=("ar", "mtp")),
+            lambda o: 0 < o.long_prefill_token_threshold <= o.num_speculative_tokens,
+            settings=FIND,
+        )
+
+
+def test_a_given_options_strategy_is_used_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HypothesisWarning)
+        strategy = workloads(options=engine_options(speculators=("mtp",)))
+        found = find(strategy, lambda w: True, settings=FIND)
+    assert found[0].speculator == "mtp"

@@ -444,6 +444,32 @@ def test_a_lone_kv_loaded_request_is_padded_from_0_30(tmp_path: Path) -> None:
     assert firsts == [({"a": 1}, {}), ({"a": 3}, {"a": [-1, -1]})]
 
 
+def test_a_threshold_cutting_a_padded_request_is_refused(new_tree: Tree) -> None:
+    """vLLM pads b (one token left after its KV load) to 1 + k, cuts it to
+    the threshold and asserts; the model used to schedule 1 token carrying
+    k drafts, which the runner then sampled k + 1 rows from (F-findings
+    runner-no-hang-37fec73302: an IndexError read as a hang)."""
+    options = EngineOptions(
+        async_scheduling=True,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        long_prefill_token_threshold=1,
+        speculator="ar",
+        num_speculative_tokens=2,
+    )
+    stream = RankStream(
+        (RequestScript("a", 0, 1, 1), RequestScript("b", 0, 2, 1, kv_wait=1))
+    )
+    scheduler = ModelledScheduler(stream, options, new_tree)
+    for script in stream.requests:
+        scheduler.add_request(make_request(script))
+    with collect_gaps() as gaps:
+        assert scheduler.schedule().num_scheduled_tokens == {"a": 1}
+        with pytest.raises(ModelGap, match="threshold 1 cuts request b's padding"):
+            scheduler.schedule()
+    assert len(gaps) == 1 and "vLLM's scheduler asserts" in gaps[0]
+
+
 def run_protocol(
     scheduler: ModelledScheduler, stream: RankStream, options: EngineOptions
 ) -> int:

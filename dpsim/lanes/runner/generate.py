@@ -78,7 +78,9 @@ def _engine_options(
     budget = draw(st.integers(max(max_num_seqs, k + 1, 8), 64))
     # At most three chunks for any prompt: a rank's work stays small.
     max_model_len = draw(st.integers(max(16, k + 3), min(96, 3 * budget + 1)))
-    threshold = draw(st.one_of(st.just(0), st.integers(1, budget)))
+    # A threshold of at most k cuts a request padded to 1 + k drafts, where
+    # vLLM's scheduler asserts (the modelled scheduler refuses it): above k.
+    threshold = draw(st.one_of(st.just(0), st.integers(k + 1, budget)))
     return EngineOptions(
         async_scheduling=(draw(st.booleans()) if fixed_async is None else fixed_async),
         dp_sync_interval=draw(st.sampled_from((16, 1, 2, 4, 8))),
@@ -159,7 +161,12 @@ def workloads(
 ) -> st.SearchStrategy[tuple[EngineOptions, tuple[RankStream, ...]]]:
     """Engine options with one stream per rank (``min_ranks..max_ranks``
     ranks, shrinking towards fewer)."""
-    return _workloads(min_ranks, max_ranks, max_iterations, options or engine_options())
+    return _workloads(
+        min_ranks,
+        max_ranks,
+        max_iterations,
+        options if options is not None else engine_options(),
+    )
 
 
 @st.composite

@@ -28,7 +28,9 @@ read in their scheduler.py, :class:`SchedulerRules` says how):
   a request with one token left after a remote KV load is padded to ``1 + k``
   tokens with -1 drafts (0.30+: when no prefill is scheduled and a request
   ran or tokens were computed; 0.29: when a running request was scheduled
-  and no prefill was);
+  and no prefill was); a ``long_prefill_token_threshold`` of at most k then
+  cuts the padding and vLLM's scheduler asserts (0.29-0.33): a gap here,
+  and :mod:`~dpsim.lanes.runner.generate` draws no such threshold;
 * KV-transfer waits: a request with ``kv_wait = n`` is admitted into
   WAITING_FOR_REMOTE_KVS at its first chance, held with 0 tokens for that
   schedule and the next ``n - 1``, then found loaded: the remote prefill
@@ -503,6 +505,18 @@ class ModelledScheduler(StrictObject):
                     break
                 num_new = 1 + k
             if 0 < threshold < num_new:
+                if padded:
+                    # vLLM cuts the padded count to the threshold and then
+                    # asserts ``num_new_tokens == 1 + num_spec_tokens``
+                    # (scheduler.py, the waiting loop's pad_spec_decode): the
+                    # engine dies there. Not a DP question; refused rather
+                    # than scheduled as 1 token carrying k drafts.
+                    raise gap(
+                        f"Scheduler.schedule: long_prefill_token_threshold "
+                        f"{threshold} cuts request {live.script.req_id}'s "
+                        f"padding to 1 + {k} tokens, where vLLM's scheduler "
+                        "asserts (a threshold of at most k is not modelled)"
+                    )
                 num_new = threshold
             num_new = min(num_new, plan.budget)
             self._waiting.pop(0)
