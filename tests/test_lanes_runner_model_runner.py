@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from test_lanes_runner_worker import OPTIONS, PIECEWISE, RELEASES, Steps, _busy
@@ -93,6 +94,26 @@ def test_a_dummy_run_with_lora_is_a_gap() -> None:
     with collect_gaps() as gaps, pytest.raises(ModelGap), entered:
         pass
     assert gaps == ["maybe_dummy_run_with_lora with a LoRA config (not modelled)"]
+
+
+def test_a_step_with_fewer_tokens_than_logits_rows_is_a_gap() -> None:
+    """1 token scheduled with 2 drafts: vLLM's scheduler never does this, so
+    the stood-in prepare_inputs refuses rather than build logits indices
+    before the request's first row (sample then read index -2)."""
+    output = standin("SchedulerOutput", scheduled_spec_decode_tokens={"a": [-1, -1]})
+    state = standin(
+        "BatchReqState",
+        num_tokens=1,
+        req_ids=["a"],
+        num_scheduled_tokens=np.array([1], dtype=np.int32),
+    )
+    desc = standin("BatchExecutionDescriptor", num_tokens=1, num_reqs=None)
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        _RunnerStandIns().prepare_inputs(output, state, desc)
+    assert gaps == [
+        "GPUModelRunner.prepare_inputs: request a has fewer tokens scheduled "
+        "than drafts + 1 (the modelled scheduler disagrees with vLLM's)"
+    ]
 
 
 # -- on releases ----------------------------------------------------------------

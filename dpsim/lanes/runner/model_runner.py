@@ -535,6 +535,18 @@ class _RunnerStandIns(StrictObject):
         num_logits = 1 + (
             drafts if drafts is not None else np.zeros(num_reqs, np.int32)
         )
+        short = [
+            r for r, n, q in zip(req_ids, num_logits, scheduled, strict=True) if q < n
+        ]
+        if short:
+            # vLLM's scheduler never schedules fewer tokens than a request's
+            # logits rows (0.33's prepare_inputs asserts it); if the modelled
+            # one did, sampling would read another request's rows.
+            raise gap(
+                f"GPUModelRunner.prepare_inputs: request {short[0]} has fewer "
+                "tokens scheduled than drafts + 1 (the modelled scheduler "
+                "disagrees with vLLM's)"
+            )
         cu_num_logits_np = np.concatenate(([0], np.cumsum(num_logits))).astype(np.int32)
         query_start = np.full(reqs_padded + 1, num_tokens, dtype=np.int32)
         query_start[0] = 0
