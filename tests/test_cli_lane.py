@@ -103,8 +103,8 @@ def test_the_pytest_plugin_takes_a_lane() -> None:
         _configure({"lane": "runner", "runner": "v1"}, False)
     with pytest.raises(UsageError, match="lane 'bus'"):
         _configure({"lane": "bus"}, False)
-    with pytest.raises(UsageError, match="--dpsim-policy and --dpsim-target"):
-        _configure({"lane": "runner", "policy": "p.toml"}, False)
+    with pytest.raises(UsageError, match="--dpsim-target is the sync lane's"):
+        _configure({"lane": "runner", "target": "dp_utils.py"}, False)
 
 
 @pytest.mark.release

@@ -73,11 +73,8 @@ class SuiteOptions:
             "pytest",
             flags="--dpsim-lane runner --dpsim-runner v1",
         )
-        if self.lane == "runner" and (self.policy or self.target):
-            raise UsageError(
-                "--dpsim-lane runner: --dpsim-policy and --dpsim-target are the "
-                "sync lane's"
-            )
+        if self.lane == "runner" and self.target:
+            raise UsageError("--dpsim-lane runner: --dpsim-target is the sync lane's")
         if self.profile not in PROFILES:
             raise UsageError(
                 f"profile {self.profile!r}: expected one of {', '.join(PROFILES)}"

@@ -40,8 +40,13 @@ def runner_lane_test(
             import pytest
 
             pytest.skip("the runner lane's test; run it with --dpsim-lane runner")
+        if configured.policy is not None:
+            from .commands import refuse_unmodelled
+
+            refuse_unmodelled(configured.policy, "--dpsim-policy")
         with seeded_draws_only():
-            case = data.draw(runner_cases(ranks=configured.ranks), label="case")
+            cases = runner_cases(ranks=configured.ranks, policy=configured.policy)
+            case = data.draw(cases, label="case")
         run = run_runner_case(configured.target, case)
         properties = tuple(RUNNER_LANE_PROPERTIES.values())
         verdicts = tuple(judge(case, run.result, properties))
