@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsim import allowances, cex
 from dpsim.cli import add_command
@@ -44,6 +44,9 @@ from dpsim.report import render_case_run, table
 from dpsim.targets.buildable import rules_of
 from dpsim.targets.load import Target
 from dpsim.terminal import printable
+
+if TYPE_CHECKING:
+    from dpsim.lanes.runner.processes import RunnerLaneRun
 
 HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
 EPILOG = """\
@@ -265,7 +268,7 @@ def _title(verdicts: Any) -> str:
 
 
 def _render_lane(lane: LaneRun, differences: tuple[str, ...]) -> list[str]:
-    lines = [
+    return [
         render_case_run(
             f"real {lane.backend}, {lane.case.dp_size} processes: "
             + (str(lane.verdicts[0]) if lane.verdicts else "every property holds"),
@@ -273,8 +276,16 @@ def _render_lane(lane: LaneRun, differences: tuple[str, ...]) -> list[str]:
             Evidence(lane.case, lane.result),
         ),
         "",
-        "processes:",
+        *render_processes(lane, differences),
     ]
+
+
+def render_processes(
+    lane: LaneRun | RunnerLaneRun, differences: tuple[str, ...]
+) -> list[str]:
+    """How a real lane's processes ended, and whether it agrees with the
+    simulator (both lanes' real runs: the sync lane's and the runner lane's)."""
+    lines = ["processes:"]
     rows = [
         (
             str(end.rank),
@@ -330,23 +341,30 @@ def _summary(replayed: Replayed) -> dict[str, Any]:
         "caller_policy_unbuildable": replayed.unbuildable,
     }
     if lane is not None:
-        summary["lane"] = {
-            "verdict": "pass" if lane.holds else "fail",
-            "outcome": lane.result.outcome.value,
-            "verdicts": [verdict.to_dict() for verdict in lane.verdicts],
-            "ranks": [
-                {
-                    "rank": end.rank,
-                    "state": trace.state.value,
-                    "exit": end.exitcode,
-                    "reaped": end.reaped,
-                    "backend_error": end.backend_error,
-                }
-                for end, trace in zip(lane.ends, lane.result.ranks, strict=True)
-            ],
-            "watchdog_fired": lane.watchdog_fired,
-            "startup_s": round(lane.startup_s, 3),
-            "run_s": round(lane.run_s, 3),
-            "disagreements": list(replayed.differences),
-        }
+        summary["lane"] = lane_summary(lane, replayed.differences)
     return summary
+
+
+def lane_summary(
+    lane: LaneRun | RunnerLaneRun, differences: tuple[str, ...]
+) -> dict[str, Any]:
+    """A real lane's run in ``replay --json``'s summary (both lanes')."""
+    return {
+        "verdict": "pass" if lane.holds else "fail",
+        "outcome": lane.result.outcome.value,
+        "verdicts": [verdict.to_dict() for verdict in lane.verdicts],
+        "ranks": [
+            {
+                "rank": end.rank,
+                "state": trace.state.value,
+                "exit": end.exitcode,
+                "reaped": end.reaped,
+                "backend_error": end.backend_error,
+            }
+            for end, trace in zip(lane.ends, lane.result.ranks, strict=True)
+        ],
+        "watchdog_fired": lane.watchdog_fired,
+        "startup_s": round(lane.startup_s, 3),
+        "run_s": round(lane.run_s, 3),
+        "disagreements": list(differences),
+    }

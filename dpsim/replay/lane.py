@@ -27,8 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from dpsim import processes
 from dpsim.errors import UsageError
@@ -161,7 +163,7 @@ def run_lane(
                         env={**os.environ, "OMP_NUM_THREADS": "1"},
                     )
                 )
-        _await_startup(jobs, children, startup_s)
+        await_startup(jobs, children, startup_s)
         ready = time.monotonic()
         fired = _watch(jobs, children, timeout_s + WATCHDOG_GRACE_S)
         (run_dir / "release").touch()
@@ -192,9 +194,19 @@ def run_lane(
     )
 
 
-def _await_startup(
-    jobs: list[RankJob], children: list[Process], limit_s: float
+class MarkedJob(Protocol):
+    """A rank's job as the parent watches it: by its marker files."""
+
+    @property
+    def rank(self) -> int: ...
+    def path(self, suffix: str) -> Path: ...
+
+
+def await_startup(
+    jobs: Sequence[MarkedJob], children: list[Process], limit_s: float
 ) -> None:
+    """Wait until every rank is ready; a rank failing first, or a start-up
+    slower than ``limit_s``, is a :class:`LaneError`."""
     deadline = time.monotonic() + limit_s
     while True:
         pending = [job for job in jobs if not job.path("ready").exists()]

@@ -156,8 +156,11 @@ def parse_log(rank: int, path: Path) -> RankLogData:
     )
 
 
-def result_from_logs(logs: list[RankLogData]) -> SimResult:
-    """The lane's run as a trace, read from its ranks' parsed logs (in rank order)."""
+def result_from_logs(
+    logs: list[RankLogData], group_names: tuple[str, ...] = DEFAULT_GROUP_NAMES
+) -> SimResult:
+    """The lane's run as a trace, read from its ranks' parsed logs (in rank
+    order); ``group_names`` are the run's groups, in the simulator's order."""
     ranks = len(logs)
     members = tuple(range(ranks))
     # How many of each rank's collectives count: all of them, until a
@@ -187,7 +190,7 @@ def result_from_logs(logs: list[RankLogData]) -> SimResult:
     incomplete: list[IncompleteCollective] = []
     for (group, seq), entries in sorted(
         table.items(),
-        key=lambda item: (DEFAULT_GROUP_NAMES.index(item[0][0]), item[0][1]),
+        key=lambda item: (group_names.index(item[0][0]), item[0][1]),
     ):
         entered = {rank for rank, _ in entries}
         mismatched = len({entry.signature for _, entry in entries}) > 1
@@ -204,7 +207,7 @@ def result_from_logs(logs: list[RankLogData]) -> SimResult:
     return SimResult.judged(
         tuple(traces),
         (),
-        tuple((name, members) for name in DEFAULT_GROUP_NAMES),
+        tuple((name, members) for name in group_names),
         tuple(incomplete),
     )
 

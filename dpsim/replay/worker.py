@@ -31,7 +31,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 #: Exit statuses the parent tells apart.
 EXIT_DONE, EXIT_SETUP = 0, 3
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
 
 
 def run_rank(job: RankJob) -> None:
-    _die_with_parent(job.parent_pid)
+    die_with_parent(job.parent_pid)
     with job.path("jsonl").open("w") as stream:
         code = _run(job, stream)
     os._exit(code)
@@ -108,26 +108,17 @@ def _run(job: RankJob, stream: Any) -> int:
         else:
             log.write(finished=returned, steps=world.steps)
     job.path("done").touch()
-    _linger(job)
+    linger(job)
     return EXIT_DONE
 
 
 def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
     warnings.filterwarnings("ignore")  # torch's deprecation notes, once per rank
     import torch
-    import torch.distributed as dist
 
     from dpsim.records.case import Case
-    from dpsim.records.groups import (
-        DP_CPU_GROUP,
-        DP_DEVICE_GROUP,
-        EP_GROUP,
-        WORLD_GROUP,
-    )
-    from dpsim.replay.world import RealWorld
     from dpsim.scenarios.programs import PROGRAMS
     from dpsim.scenarios.run import setting_for
-    from dpsim.sim import DEFAULT_STEP_BUDGET
     from dpsim.targets import load_target
 
     torch.set_num_threads(1)  # N ranks share the host's cores
@@ -136,6 +127,52 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
     )
     case = Case.from_dict(job.case)
     setting = setting_for(target, case)
+    world = join_groups(job, log)
+    log.write(
+        ready={
+            "pid": os.getpid(),
+            "files": {loaded.module: loaded.sha256 for loaded in target.files},
+        }
+    )
+    job.path("ready").touch()
+    return PROGRAMS[case.scenario], setting, case, world
+
+
+class GroupJob(Protocol):
+    """What joining the lane's process groups needs to know of a rank's job."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def ranks(self) -> int: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def startup_s(self) -> float: ...
+    @property
+    def step_budget(self) -> int: ...
+
+
+def join_groups(job: GroupJob, log: Any, extra: tuple[str, ...] = ()) -> Any:
+    """Join the default process groups (and the ``extra`` ones, all members,
+    on gloo) through the run directory's file store; the rank's
+    :class:`~dpsim.replay.world.RealWorld` over them."""
+    import torch
+    import torch.distributed as dist
+
+    from dpsim.records.groups import (
+        DP_CPU_GROUP,
+        DP_DEVICE_GROUP,
+        EP_GROUP,
+        WORLD_GROUP,
+    )
+    from dpsim.replay.world import RealWorld
+    from dpsim.sim import DEFAULT_STEP_BUDGET
+
     timeout = datetime.timedelta(seconds=job.timeout_s)
     cpu = torch.device("cpu")
     if job.backend == "nccl":
@@ -165,10 +202,11 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
         (DP_CPU_GROUP, "gloo", cpu),
         (DP_DEVICE_GROUP, device_backend, device),
         (EP_GROUP, device_backend, device),
+        *((name, "gloo", cpu) for name in extra),
     ):
         groups[name] = dist.new_group(members, backend=backend, timeout=timeout)
         devices[name] = where
-    world = RealWorld(
+    return RealWorld(
         job.rank,
         job.ranks,
         groups,
@@ -176,17 +214,9 @@ def _set_up(job: RankJob, log: Any) -> tuple[Any, Any, Any, Any]:
         log,
         job.step_budget or DEFAULT_STEP_BUDGET,
     )
-    log.write(
-        ready={
-            "pid": os.getpid(),
-            "files": {loaded.module: loaded.sha256 for loaded in target.files},
-        }
-    )
-    job.path("ready").touch()
-    return PROGRAMS[case.scenario], setting, case, world
 
 
-def _linger(job: RankJob) -> None:
+def linger(job: Any) -> None:
     release = Path(job.run_dir) / "release"
     # Bounded, should the parent never release us; it kills us before then.
     deadline = time.monotonic() + job.timeout_s + 60
@@ -194,7 +224,7 @@ def _linger(job: RankJob) -> None:
         time.sleep(0.01)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """Linux: be SIGKILLed when the parent dies, so no rank is ever orphaned."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

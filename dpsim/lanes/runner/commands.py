@@ -25,6 +25,7 @@ from typing import Any
 
 import dpsim
 from dpsim.cli.progress import StatusLine
+from dpsim.cli.replay import lane_summary, render_processes
 from dpsim.errors import UsageError
 from dpsim.lanes.runner import case as runner_case
 from dpsim.lanes.runner.case import RunnerCase, RunnerCaseFile
@@ -34,6 +35,11 @@ from dpsim.lanes.runner.check import (
     RunnerCheckOptions,
     RunnerCheckReport,
     run_runner_check,
+)
+from dpsim.lanes.runner.processes import (
+    RunnerLaneRun,
+    lane_differences,
+    run_runner_lane,
 )
 from dpsim.lanes.runner.run import RunnerResult, run_runner_case, sources_for
 from dpsim.lanes.runner.sources import RUNNER_LANE_MODULES, check_runner_lane_release
@@ -288,10 +294,11 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
     """``dpsim replay`` of a runner case file (already parsed as JSON)."""
     path = Path(arguments.file)
     recorded = runner_case.parse(data, path)
-    if getattr(arguments, "backend", "sim") != "sim":
+    backend = getattr(arguments, "backend", "sim")
+    if backend not in ("sim", "gloo"):
         raise UsageError(
-            f"replay --backend {arguments.backend}: runner case files replay on the "
-            "simulator only (the gloo lane does not run the runner lane yet)"
+            f"replay --backend {backend}: runner case files replay on the simulator "
+            "or on real gloo processes (the stood-in model computes nothing on a GPU)"
         )
     if arguments.runner == "v1":
         raise UsageError(
@@ -314,6 +321,13 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
     properties = select_for_runner_lane(recorded.properties)
     verdicts = judge(recorded.case, run.result, properties)
     same = _same(recorded, run.result, verdicts)
+    lane = None
+    differences: tuple[str, ...] = ()
+    if backend == "gloo":
+        lane = run_runner_lane(
+            target, recorded.case, properties, timeout_s=arguments.timeout
+        )
+        differences = lane_differences(run.result, verdicts, lane)
     if arguments.json:
         print(
             json.dumps(
@@ -326,6 +340,11 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
                     "verdict": "fail" if verdicts else "pass",
                     "outcome": run.result.outcome.value,
                     "verdicts": [verdict.to_dict() for verdict in verdicts],
+                    **(
+                        {}
+                        if lane is None
+                        else {"lane": lane_summary(lane, differences)}
+                    ),
                 },
                 sort_keys=True,
             )
@@ -347,10 +366,27 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
                     render_case(_title(verdicts), recorded.case, run),
                     "",
                     _STATUS[same],
+                    *([] if lane is None else _render_lane(lane, differences)),
                 ]
             )
         )
-    return 1 if verdicts else 0
+    if differences:
+        return 2  # the real lane disagrees with the simulator: a dpsim bug
+    return 1 if (lane.verdicts if lane is not None else verdicts) else 0
+
+
+def _render_lane(lane: RunnerLaneRun, differences: tuple[str, ...]) -> list[str]:
+    return [
+        "",
+        render_case(
+            f"real gloo, {lane.case.dp_size} processes: "
+            + (str(lane.verdicts[0]) if lane.verdicts else "every property holds"),
+            lane.case,
+            RunnerResult(lane.result),
+        ),
+        "",
+        *render_processes(lane, differences),
+    ]
 
 
 _STATUS = {

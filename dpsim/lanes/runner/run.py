@@ -183,37 +183,12 @@ def _programs(
     """One program per rank (each rank's parts built before the run starts),
     and the run's quiescence callback, which also notes where ranks stood."""
     sources = parts.sources(target)
-    options = case.options
-    policy = case.policy
-    dp_size = case.dp_size
-    real_sync = _real_sync(target)
-    mailboxes = [Mailbox(rank, INPUT_MAILBOX) for rank in range(dp_size)]
+    mailboxes = [Mailbox(rank, INPUT_MAILBOX) for rank in range(case.dp_size)]
     coordinator = parts.coordinator(sources, mailboxes)
-    engines = []
-    for rank, stream in enumerate(case.streams):
-        # One recorder per rank, shared by its runner and its speculator:
-        # it numbers that rank's forward steps.
-        sync = recording_sync(target, real_sync, Phases())
-        speculator = parts.speculator(
-            sources, options, policy, rank, dp_size, target=target, sync=sync
-        )
-        worker = parts.worker(
-            sources, options, policy, rank, dp_size, speculator=speculator, sync=sync
-        )
-        scheduler = parts.scheduler(stream, options, sources)
-        engines.append(
-            parts.engine(
-                sources,
-                options,
-                scheduler,
-                worker,
-                rank,
-                dp_size,
-                mailboxes[rank],
-                coordinator,
-                stream=stream,
-            )
-        )
+    engines = [
+        build_rank(target, case, rank, mailboxes[rank], coordinator, parts, sources)
+        for rank in range(case.dp_size)
+    ]
 
     def program(rank: int) -> None:
         parts.run_engine(engines[rank])
@@ -225,7 +200,45 @@ def _programs(
             stood[rank] = vllm_stack(now.frame(rank))
         return False
 
-    return [program] * dp_size, on_quiescent
+    return [program] * case.dp_size, on_quiescent
+
+
+def build_rank(
+    target: Target,
+    case: RunnerCase,
+    rank: int,
+    mailbox: Any,
+    coordinator: Any,
+    parts: Builders,
+    sources: Any,
+) -> Any:
+    """Rank ``rank``'s engine over its scheduler, speculator and worker, its
+    input read from ``mailbox``, its outputs going to ``coordinator``: the
+    simulator's and the real-process lane's (:mod:`dpsim.lanes.runner.processes`)
+    one way of making a rank."""
+    options, policy, dp_size = case.options, case.policy, case.dp_size
+    stream = case.streams[rank]
+    # One recorder per rank, shared by its runner and its speculator: it
+    # numbers that rank's forward steps.
+    sync = recording_sync(target, _real_sync(target), Phases())
+    speculator = parts.speculator(
+        sources, options, policy, rank, dp_size, target=target, sync=sync
+    )
+    worker = parts.worker(
+        sources, options, policy, rank, dp_size, speculator=speculator, sync=sync
+    )
+    scheduler = parts.scheduler(stream, options, sources)
+    return parts.engine(
+        sources,
+        options,
+        scheduler,
+        worker,
+        rank,
+        dp_size,
+        mailbox,
+        coordinator,
+        stream=stream,
+    )
 
 
 def _real_sync(target: Target) -> Callable[..., Any]:
