@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from dpsim.errors import TargetError
-from dpsim.lanes.runner.extract import class_methods, real_class, supply
+from dpsim.lanes.runner.extract import (
+    class_methods,
+    class_node,
+    find_class,
+    real_class,
+    supply,
+)
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, collect_gaps, instance
 
 # A hand-written stand-in for a vLLM file (not vLLM's text).
@@ -99,6 +105,11 @@ class Runner(Base):
 
     def not_kept(self) -> None:
         pass
+
+
+class OnlyCapture(Base):
+    def capture(self) -> None:
+        raise RuntimeError("runs the model on a GPU")
 """
 
 
@@ -262,6 +273,31 @@ def test_class_methods_lists_the_body_in_order(fake: Path) -> None:
         TargetError, match=r"9\.9\.9's v1/fake_runner\.py has no class X"
     ):
         class_methods(fake, "X", version="9.9.9")
+
+
+def test_a_class_with_nothing_kept_is_its_bases(fake: Path) -> None:
+    base = type("Base", (StrictObject,), {"hello": lambda self: "base"})
+    cls = real_class(fake, "OnlyCapture", [], version=None, globals_={}, bases=(base,))
+    assert cls.__mro__[1] is base
+    assert instance(cls).hello() == "base"
+    assert "capture" not in cls.__dict__
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        instance(cls).capture()
+    assert gaps == ["OnlyCapture.capture read at (no vLLM frame on the stack)"]
+    assert list(cls.DPSIM_ORIGIN.codes()) == []
+
+
+def test_class_node_is_the_files_class_statement(fake: Path) -> None:
+    node = class_node(fake, "Runner", version="9.9.9")
+    assert node.name == "Runner"
+    assert node.lineno == _line(fake, "class Runner(Base):")
+    assert [base.id for base in node.bases] == ["Base"]  # type: ignore[attr-defined]
+    assert find_class(fake, "Missing") is None
+    with pytest.raises(TargetError) as raised:
+        class_node(fake, "Missing", version="9.9.9")
+    assert str(raised.value) == (
+        "runner lane: vLLM 9.9.9's v1/fake_runner.py has no class Missing"
+    )
 
 
 def test_loops_tick(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:

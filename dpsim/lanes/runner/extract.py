@@ -95,7 +95,7 @@ def real_class(
         for text, value in (decorators or {}).items()
     }
     owner = _owner(path, version)
-    found = _class_node(path, class_name, version)
+    found = class_node(path, class_name, version=version)
     wanted = list(dict.fromkeys(methods))
     kept: list[ast.FunctionDef | ast.AsyncFunctionDef] = []
     body: list[ast.stmt] = []
@@ -125,7 +125,9 @@ def real_class(
         name=class_name,
         bases=[],
         keywords=[],
-        body=body,
+        # Nothing kept (a class vLLM's lane paths only inherit through, such
+        # as 0.29's SpeculatorCudaGraphManager): a class body needs a statement.
+        body=body or [ast.copy_location(ast.Pass(), found)],
         decorator_list=[],
     )
     for index, base in enumerate(bases):
@@ -176,7 +178,7 @@ def class_methods(
     """The methods (properties included) ``class_name`` defines in its own
     body in ``path``, in file order: what a caller may ask :func:`real_class`
     for when a method is optional across releases."""
-    found = _class_node(path, class_name, version)
+    found = class_node(path, class_name, version=version)
     return tuple(
         dict.fromkeys(
             node.name
@@ -190,13 +192,26 @@ def _owner(path: Path, version: str | None) -> str:
     return f"vLLM {version or '(this tree)'}'s {where.register_file(path)}"
 
 
-def _class_node(path: Path, class_name: str, version: str | None) -> ast.ClassDef:
-    """The top-level class statement; a one-line refusal when there is none."""
+def class_node(path: Path, class_name: str, *, version: str | None) -> ast.ClassDef:
+    """The file's top-level class statement ``class_name``, parsed by the
+    targets' one reader, for callers that read a class's bases or its
+    builders' ``self.X =`` targets; a one-line :class:`TargetError` when
+    there is none."""
+    found = find_class(path, class_name)
+    if found is None:
+        raise TargetError(
+            f"runner lane: {_owner(path, version)} has no class {class_name}"
+        )
+    return found
+
+
+def find_class(path: Path, class_name: str) -> ast.ClassDef | None:
+    """The file's top-level class statement ``class_name``, or None."""
     _, tree = parse_source(path)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             return node
-    raise TargetError(f"runner lane: {_owner(path, version)} has no class {class_name}")
+    return None
 
 
 def _literal_setting(node: ast.stmt) -> bool:

@@ -86,7 +86,7 @@ import numpy as np
 import torch
 
 from dpsim.errors import TargetError, UsageError
-from dpsim.lanes.runner.extract import real_class
+from dpsim.lanes.runner.extract import class_node, find_class, real_class
 from dpsim.lanes.runner.forward import (
     HIDDEN_SIZE,
     FakeModel,
@@ -102,7 +102,6 @@ from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.run import tables_for
 from dpsim.targets.load import Target
 from dpsim.targets.manager import _vllm_config as manager_vllm_config
-from dpsim.targets.shim import parse_source
 
 #: The speculator kinds the lane drives (``EngineOptions.speculator``).
 KINDS = ("ar", "mtp")
@@ -199,6 +198,8 @@ class SpeculatorClasses:
     """One release's rebuilt speculator classes, shared by its ranks (a
     rebuild parses and compiles a file: tens of milliseconds)."""
 
+    #: The real ``BaseSpeculator``: its literal settings, no methods.
+    abstract: type
     #: The real ``DraftModelSpeculator`` (what the model runner's
     #: ``isinstance(self.speculator, DraftModelSpeculator)`` names).
     draft_model: type
@@ -347,8 +348,15 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
     path_of = dict(paths)
     modes = target.CUDAGraphMode
     base_path = path_of[_BASE_MODULE]
-    base_tree = _class_node(base_path, _BASE_CLASS, version)
-    ar_tree = _class_node(path_of[layout.module], layout.class_name, version)
+    abstract_tree = class_node(base_path, _ABSTRACT_CLASS, version=version)
+    base_tree = class_node(base_path, _BASE_CLASS, version=version)
+    ar_tree = class_node(path_of[layout.module], layout.class_name, version=version)
+    _check_derives(base_tree, _ABSTRACT_CLASS, base_path, version)
+    _check_derives(ar_tree, _BASE_CLASS, path_of[layout.module], version)
+    # vLLM's hierarchy as the files write it. BaseSpeculator keeps only its
+    # literal settings (num_query_per_req, ...: the model runner reads them
+    # through the speculator); its methods are abstract.
+    abstract = real_class(base_path, _ABSTRACT_CLASS, (), version=version, globals_={})
     draft_model = real_class(
         base_path,
         _BASE_CLASS,
@@ -364,10 +372,8 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
                 "build_attn_metadata", _build_attn_metadata
             ),
         },
+        bases=(abstract,),
         decorators=_DECORATORS,
-        class_attributes=_class_constants(
-            _class_node(base_path, _ABSTRACT_CLASS, version)
-        ),
     )
     contexts = kit.forward_contexts
     graphs = _graphs_class(path_of[layout.graphs_module], version, target)
@@ -403,11 +409,13 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
         decorators=_DECORATORS,
     )
     kinds = {"ar": autoregressive}
-    attributes = {"ar": frozenset(_assigned((base_tree, ar_tree)))}
+    attributes = {"ar": frozenset(_assigned((abstract_tree, base_tree, ar_tree)))}
     if _MTP_MODULE in path_of:
         mtp_path = path_of[_MTP_MODULE]
-        mtp_tree = _class_node(mtp_path, _MTP_CLASS, version)
-        _check_derives(mtp_tree, layout.class_name, mtp_path, version)
+        mtp_tree = class_node(mtp_path, _MTP_CLASS, version=version)
+        _check_derives(
+            mtp_tree, layout.class_name, mtp_path, version, refusing="an MTP speculator"
+        )
         kinds["mtp"] = real_class(
             mtp_path,
             _MTP_CLASS,
@@ -417,8 +425,11 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
             bases=(autoregressive,),
             decorators=_DECORATORS,
         )
-        attributes["mtp"] = frozenset(_assigned((base_tree, ar_tree, mtp_tree)))
+        attributes["mtp"] = frozenset(
+            _assigned((abstract_tree, base_tree, ar_tree, mtp_tree))
+        )
     return SpeculatorClasses(
+        abstract=abstract,
         draft_model=draft_model,
         kinds=kinds,
         attributes=attributes,
@@ -432,8 +443,12 @@ def real_classes(sources: Sources, target: Target | None = None) -> tuple[type, 
     real methods: ``cls.DPSIM_ORIGIN.codes()``), for line coverage; what
     they are given instead of vLLM's is :data:`STOOD_IN`."""
     classes = speculator_classes(sources, target or sources.target)
-    built = (classes.draft_model, *classes.kinds.values(), classes.graphs)
-    return tuple(cls for cls in built if "DPSIM_ORIGIN" in cls.__dict__)
+    return (
+        classes.draft_model,
+        *classes.kinds.values(),
+        classes.graphs,
+        classes.abstract,
+    )
 
 
 #: What the speculators' real methods are given in place of vLLM's, and why
@@ -477,16 +492,6 @@ def _layout(sources: Sources) -> _Layout:
     )
 
 
-def _class_node(path: Path, name: str, version: str | None) -> ast.ClassDef:
-    _, tree = parse_source(path)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
-    raise TargetError(
-        f"runner lane: vLLM {_shown(version)}'s {path.name} has no class {name}"
-    )
-
-
 def _present(
     node: ast.ClassDef, wanted: Iterable[str], required: Iterable[str]
 ) -> list[str]:
@@ -499,29 +504,6 @@ def _present(
     }
     needed = set(required)
     return [name for name in wanted if name in defined or name in needed]
-
-
-def _class_constants(node: ast.ClassDef) -> dict[str, Any]:
-    """The literal class-level settings of a vLLM class body (such as
-    ``num_query_per_req: int = 1``), which its methods and the model runner
-    read through instances."""
-    constants: dict[str, Any] = {}
-    for part in node.body:
-        targets: list[ast.expr]
-        if isinstance(part, ast.AnnAssign) and part.value is not None:
-            targets, value = [part.target], part.value
-        elif isinstance(part, ast.Assign):
-            targets, value = list(part.targets), part.value
-        else:
-            continue
-        try:
-            literal = ast.literal_eval(value)
-        except ValueError:
-            continue
-        for target in targets:
-            if isinstance(target, ast.Name):
-                constants[target.id] = literal
-    return constants
 
 
 def _assigned(classes: Iterable[ast.ClassDef]) -> set[str]:
@@ -552,12 +534,19 @@ def _assigned(classes: Iterable[ast.ClassDef]) -> set[str]:
 
 
 def _check_derives(
-    node: ast.ClassDef, base: str, path: Path, version: str | None
+    node: ast.ClassDef,
+    base: str,
+    path: Path,
+    version: str | None,
+    *,
+    refusing: str = "a speculator",
 ) -> None:
+    """Refuse a release whose class does not derive from ``base`` as the
+    lane rebuilds it (vLLM's hierarchy, whose methods the class inherits)."""
     bases = [ast.unparse(part) for part in node.bases]
     if base not in bases:
         raise TargetError(
-            f"runner lane: vLLM {_shown(version)} has no MTP speculator the lane "
+            f"runner lane: vLLM {_shown(version)} has no {refusing} the lane "
             f"can drive: {path.name}'s {node.name} derives from "
             f"{', '.join(bases) or 'nothing'}, not {base}"
         )
@@ -593,16 +582,13 @@ def _graphs_class(path: Path, version: str | None, target: Target) -> type:
     )
     if descriptor is not None:
         namespace[_GRAPHS_DESCRIPTOR] = descriptor
-    methods = _present(
-        _class_node(path, _GRAPHS_CLASS, version), ("specialize_spec_tokens",), ()
-    )
-    if not methods:
-        # Before 0.32 the class adds only capture: what runs is the base's.
-        return type(_GRAPHS_CLASS, (target.manager_class,), {"__module__": __name__})
+    node = class_node(path, _GRAPHS_CLASS, version=version)
+    _check_derives(node, "CudaGraphManager", path, version)
+    # Before 0.32 the class adds only capture (not kept): what runs is the base's.
     return real_class(
         path,
         _GRAPHS_CLASS,
-        methods,
+        _present(node, ("specialize_spec_tokens",), ()),
         version=version,
         globals_=namespace,
         bases=(target.manager_class,),
@@ -613,15 +599,14 @@ def _top_level_class(path: Path, name: str, namespace: dict[str, Any]) -> type |
     """Execute the file's class statement ``name`` alone (decorators and
     annotations as written: a dataclass needs them) in ``namespace``,
     compiled with the file's real name and lines; None when it has none."""
-    _, tree = parse_source(path)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            module = ast.Module(body=[node], type_ignores=[])
-            exec(compile(module, str(path), "exec", dont_inherit=True), namespace)
-            made = namespace[name]
-            assert isinstance(made, type)
-            return made
-    return None
+    node = find_class(path, name)
+    if node is None:
+        return None
+    module = ast.Module(body=[node], type_ignores=[])
+    exec(compile(module, str(path), "exec", dont_inherit=True), namespace)
+    made = namespace[name]
+    assert isinstance(made, type)
+    return made
 
 
 # -- a rank's state -----------------------------------------------------------
