@@ -101,6 +101,10 @@ MODULES = (
     PCP_MODULE,
     CP_UTILS_MODULE,
 )
+#: Modules of :data:`MODULES` a release may lack (0.26-0.27 have no EC
+#: connector, releases before 0.26 no PCP manager): their runners name
+#: nothing from them, and what a kept method does name is a gap.
+OPTIONAL_MODULES = frozenset({EC_CONNECTOR_MODULE, PCP_MODULE})
 
 #: GPUModelRunner methods run for real: every one the file has is kept; the
 #: first four must be there.
@@ -147,6 +151,8 @@ ABSENT = frozenset({"uniform_decode_query_len"})
 #: release's runner assigns them (so a release without one still lacks it).
 OFF_IN_SOME_RELEASES: dict[str, Any] = {
     "routed_experts_capturer": None,
+    # 0.28: a decoder (the lane's MoE model), not an encoder-only model.
+    "is_encoder_only": False,
     # Decode context parallelism is off (dcp_size 1): rank 0 of 1.
     "dcp_rank": 0,
     "cp_interleave": 1,
@@ -200,6 +206,7 @@ class RunnerKit:
     InputBuffers: type
     forward_contexts: ForwardContexts
     kv_connector: Any
+    #: None where the release has no EC connector module.
     ec_connector: Any
     eplb_class: type
     model_runner_output: type
@@ -242,14 +249,20 @@ def _assigned(path: Path, class_name: str) -> frozenset[str]:
 def runner_kit(sources: Sources, target: Target) -> RunnerKit:
     """The release's runner pieces, made once per sources object (a run's
     parts share one; a campaign runs thousands of cases on it)."""
-    missing = [module for module in MODULES if not sources.has(module)]
+    missing = [
+        module
+        for module in MODULES
+        if module not in OPTIONAL_MODULES and not sources.has(module)
+    ]
     if missing:
         raise TargetError(
             f"runner lane: vLLM {sources.version or '(this tree)'} has no "
             f"{missing[0].replace('.', '/')}.py (the V2 model runner needs it)"
         )
     return _kit(
-        tuple((module, sources.path(module)) for module in MODULES),
+        tuple(
+            (module, sources.path(module)) for module in MODULES if sources.has(module)
+        ),
         sources.version,
         target,
         # The modelled scheduler's classes: the runner's must be the same.
@@ -310,7 +323,7 @@ def _kit(
         value = module.__dict__.get(name)
         if value is not None and not is_stub(value):
             globals_[name] = value
-    pcp = modules[PCP_MODULE].__dict__
+    pcp = modules[PCP_MODULE].__dict__ if PCP_MODULE in modules else {}
     globals_["pcp"] = standin(
         "pcp_manager module",
         **{
@@ -343,8 +356,10 @@ def _kit(
         kv_connector=_connector(
             path_of[KV_CONNECTOR_MODULE], "KVConnector", version, outputs
         ),
-        ec_connector=_connector(
-            path_of[EC_CONNECTOR_MODULE], "ECConnector", version, outputs
+        ec_connector=(
+            _connector(path_of[EC_CONNECTOR_MODULE], "ECConnector", version, outputs)
+            if EC_CONNECTOR_MODULE in path_of
+            else None
         ),
         eplb_class=real_class(
             path_of[EPLB_MODULE],
@@ -682,6 +697,8 @@ def build_model_runner(
         for name, value in OFF_IN_SOME_RELEASES.items()
         if name in kit.assigned
     }
+    if kit.ec_connector is not None:
+        per_release["ec_connector"] = kit.ec_connector
     if not hasattr(kit.runner_class, "dp_size"):
         # Attributes set in __init__ before 0.33 (properties since).
         per_release.update(dp_size=dp_size, dp_rank=rank)
@@ -716,7 +733,6 @@ def build_model_runner(
         supports_mm_inputs=False,
         uses_inputs_embeds=False,
         encoder_cache=None,
-        ec_connector=kit.ec_connector,
         kv_connector=kit.kv_connector,
         aux_output_connector=None,
         pooling_runner=None,
