@@ -97,7 +97,24 @@ def test_a_launcher_called_as_it_was_not_written_for_is_a_gap() -> None:
         launch(1, 2, 3)
     assert len(gaps) == 1
     assert gaps[0].startswith(
-        "update_draft_inputs called with arguments its stand-in does not take"
+        "update_draft_inputs called with arguments its stand-in does not take "
+        "(too many positional arguments) at "
+    )
+
+
+def test_a_type_error_inside_a_launcher_is_not_a_gap() -> None:
+    def broken(tokens: int) -> None:
+        raise TypeError("a bug in the stand-in itself")
+
+    launch = speculators._launcher("update_draft_inputs", broken)
+    with collect_gaps() as gaps, pytest.raises(TypeError, match="a bug in the"):
+        launch(1)
+    assert gaps == []
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        launch(tokens=1, step=2)
+    assert gaps[0].startswith(
+        "update_draft_inputs called with arguments its stand-in does not take "
+        "(got an unexpected keyword argument 'step') at "
     )
 
 

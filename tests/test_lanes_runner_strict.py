@@ -108,3 +108,24 @@ def test_instance_skips_init_and_holds_exactly_its_attributes() -> None:
 def test_standin_callables_are_called_without_self() -> None:
     executor = standin("Executor", collective_rpc=lambda method: f"ran {method}")
     assert executor.collective_rpc("sample") == "ran sample"
+
+
+def test_standins_of_one_owner_answer_only_their_own_members() -> None:
+    # Stand-ins of one owner share a class (made once): what one holds or
+    # lacks must not leak into another.
+    first = standin("Config", absent=("eplb",), width=2)
+    second = standin("Config", depth=3)
+    with collect_gaps() as gaps:
+        assert getattr(first, "eplb", None) is None
+        with pytest.raises(ModelGap):
+            second.eplb  # noqa: B018
+        with pytest.raises(ModelGap):
+            second.width  # noqa: B018
+        with pytest.raises(ModelGap):
+            first.depth  # noqa: B018
+    assert gaps == [
+        "Config.eplb read at (no vLLM frame on the stack)",
+        "Config.width read at (no vLLM frame on the stack)",
+        "Config.depth read at (no vLLM frame on the stack)",
+    ]
+    assert type(standin("Config", width=5)) is type(second)

@@ -714,18 +714,25 @@ def _launcher(name: str, implementation: Callable[..., Any]) -> Callable[..., An
     """``implementation`` as the stand-in for vLLM's ``name``: a call it was not
     written for (other arguments: vLLM changed the call) is a gap, not a
     ``TypeError`` inside vLLM's code that would read as a crash of vLLM's."""
-    signature = inspect.signature(implementation)
 
     @functools.wraps(implementation)
     def launch(*args: Any, **kwargs: Any) -> Any:
         try:
-            signature.bind(*args, **kwargs)
+            return implementation(*args, **kwargs)
         except TypeError as error:
+            trace = error.__traceback__
+            if trace is None or trace.tb_next is not None:
+                raise  # raised inside the stand-in, not by the call
+            # The call itself did not bind (no frame of the stand-in ran);
+            # the signature is read only then, not on every launch.
+            try:
+                inspect.signature(implementation).bind(*args, **kwargs)
+            except TypeError as unbound:
+                error = unbound
             raise gap(
                 f"{name} called with arguments its stand-in does not take ({error}) "
                 f"at {asked_at()}"
             ) from None
-        return implementation(*args, **kwargs)
 
     return launch
 

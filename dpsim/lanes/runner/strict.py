@@ -20,6 +20,7 @@ libraries probe them on instances routinely, and vLLM's own code does not.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,15 +92,21 @@ def standin(owner: str, *, absent: Any = (), **members: Any) -> StrictObject:
     """A strict object answering exactly ``members`` (values, or callables
     called as ``obj.name(...)`` with no ``self``), named ``owner`` in gaps;
     the names in ``absent`` raise plain :class:`AttributeError`."""
-    cls = type(
+    made = _standin_class(owner, frozenset(absent))()
+    made.__dict__.update(members)
+    return made
+
+
+@functools.cache
+def _standin_class(owner: str, absent: frozenset[str]) -> type[StrictObject]:
+    """The class of stand-ins named ``owner`` with ``absent``: one per pair,
+    made once (a class per stand-in cost the lane's hot paths a type
+    creation and the garbage collector a cycle each)."""
+    return type(
         f"StandIn[{owner}]",
         (StrictObject,),
-        {"ABSENT": frozenset(absent), "OWNER": owner, "__module__": __name__},
+        {"ABSENT": absent, "OWNER": owner, "__module__": __name__},
     )
-    made = cls()
-    for name, value in members.items():
-        setattr(made, name, value)
-    return made
 
 
 def instance(cls: type[T], **attributes: Any) -> T:
