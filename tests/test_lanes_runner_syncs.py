@@ -233,3 +233,13 @@ class _RunnerLikeCase:
     scenario = "runner"
     policy = None
     dp_size = 1
+
+
+def test_a_sync_taking_star_args_is_refused_each_time() -> None:
+    # The signature is read once per function (cached); a refusal is not.
+    def loose(*args: Any) -> None:
+        return None
+
+    for _ in range(2):
+        with pytest.raises(TypeError, match="loose takes \\*args or \\*\\*kwargs"):
+            recording_sync(_Target(), loose, Phases())

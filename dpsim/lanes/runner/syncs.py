@@ -28,8 +28,8 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
-from types import FrameType
+from collections.abc import Callable, Mapping
+from types import FrameType, MappingProxyType
 from typing import Any, Protocol
 
 from dpsim.lanes.runner.where import is_vllm_file
@@ -108,15 +108,7 @@ def recording_sync(
     The returned callable has the real function's signature (``inspect``
     follows ``__wrapped__``), so callers bind their arguments as in vLLM.
     """
-    signature = inspect.signature(real_function)
-    parameters = signature.parameters
-    if any(p.kind not in _NAMED_KINDS for p in parameters.values()):
-        raise TypeError(f"{real_function.__name__} takes *args or **kwargs")
-    names = tuple(parameters)
-    defaults = {
-        name: p.default for name, p in parameters.items() if p.default is not p.empty
-    }
-    reuse_parameter = next((p for p in REUSE_PARAMETERS if p in parameters), None)
+    names, defaults, reuse_parameter = _parameters(real_function)
     api = target.api
     #: The rank's latest agreement from a fresh (not reused, not solo) call.
     latest: list[Agreement | None] = [None]
@@ -167,6 +159,22 @@ def recording_sync(
     return sync
 
 
+@functools.lru_cache(maxsize=16)
+def _parameters(
+    real_function: Callable[..., Any],
+) -> tuple[tuple[str, ...], Mapping[str, Any], str | None]:
+    """The sync's parameter names, their defaults and its reuse parameter (if
+    any): read once per function, not per rank of every case."""
+    parameters = inspect.signature(real_function).parameters
+    if any(p.kind not in _NAMED_KINDS for p in parameters.values()):
+        raise TypeError(f"{real_function.__name__} takes *args or **kwargs")
+    defaults = {
+        name: p.default for name, p in parameters.items() if p.default is not p.empty
+    }
+    reuse_parameter = next((p for p in REUSE_PARAMETERS if p in parameters), None)
+    return tuple(parameters), MappingProxyType(defaults), reuse_parameter
+
+
 #: Parameter kinds the sync's signature may have (it takes no *args/**kwargs).
 _NAMED_KINDS = frozenset(
     {
@@ -179,7 +187,7 @@ _NAMED_KINDS = frozenset(
 
 def _arguments(
     names: tuple[str, ...],
-    defaults: dict[str, Any],
+    defaults: Mapping[str, Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> dict[str, Any]:
