@@ -29,11 +29,15 @@ from dpsim.lanes.runner.commands import target_record
 from dpsim.lanes.runner.coordinator import REQUEST_TYPES, Coordinator
 from dpsim.lanes.runner.processes import (
     GROUP_NAMES,
+    _Relay,
     lane_differences,
     run_runner_lane,
 )
 from dpsim.lanes.runner.relay import (
+    ACK,
+    OUTPUT,
     PARKED,
+    REQUEST,
     RankLink,
     RelayCoordinator,
     RelayMailbox,
@@ -201,6 +205,93 @@ def test_only_wave_outputs_reach_the_coordinator(
     assert not child.poll(0)
 
 
+def test_a_look_sees_what_the_simulated_rank_saw_and_no_more(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    """The simulated rank found its queue empty, then took one message: the
+    child does too, though the message was there from the start."""
+    parent, child = pipe
+    link = RankLink(0, parent)
+    mailbox = RelayMailbox(child, "input queue", looks=(0, 1))
+    link.put((REQUEST_TYPES.WAKEUP, None))
+    assert mailbox.empty()
+    assert mailbox.get() == (REQUEST_TYPES.WAKEUP, None)
+    # Past the simulator's looks: what has arrived.
+    assert mailbox.empty()
+
+
+def test_a_look_waits_for_a_message_the_simulated_rank_had(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    parent, child = pipe
+    link = RankLink(0, parent)
+    mailbox = RelayMailbox(child, "input queue", looks=(1,))
+    said: list[Any] = []
+
+    def put_when_parked() -> None:
+        said.append(parent.recv())
+        link.put((REQUEST_TYPES.START_DP_WAVE, (2, 1)))
+
+    server = threading.Thread(target=put_when_parked)
+    server.start()
+    assert not mailbox.empty()  # the simulated rank's queue was not
+    server.join()
+    assert said == [(PARKED, 0)]
+    assert mailbox.get_nowait() == (REQUEST_TYPES.START_DP_WAVE, (2, 1))
+
+
+def test_a_get_the_simulated_rank_never_made_is_an_error(
+    pipe: tuple[Connection, Connection],
+) -> None:
+    parent, child = pipe
+    RankLink(0, parent).put((REQUEST_TYPES.WAKEUP, None))
+    with pytest.raises(RuntimeError, match="left the simulator's schedule"):
+        RelayMailbox(child, "input queue", looks=(0,)).get()
+
+
+class _Calls:
+    """A coordinator model that notes the calls made on it."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, int]] = []
+
+    def send_request(self, rank: int, request: Any) -> None:
+        self.made.append(("request", rank))
+
+    def output(self, rank: int, item: Any) -> None:
+        self.made.append(("output", rank))
+
+
+def _relay(calls: list[tuple[int, str]]) -> tuple[_Relay, _Calls, list[Any]]:
+    pipes = [multiprocessing.Pipe(duplex=True) for _ in range(2)]
+    coordinator = _Calls()
+    relay = _Relay(
+        [], [], [RankLink(r, p) for r, (p, _) in enumerate(pipes)], coordinator, calls
+    )
+    return relay, coordinator, pipes
+
+
+def test_the_parent_makes_calls_in_the_simulators_order() -> None:
+    relay, coordinator, pipes = _relay([(1, REQUEST), (0, OUTPUT)])
+    relay.waiting[0] = (OUTPUT, None, 0)  # came first
+    relay._serve()
+    assert coordinator.made == []  # rank 1's request is due first
+    relay.waiting[1] = (REQUEST, 0)
+    relay._serve()
+    assert coordinator.made == [("request", 1), ("output", 0)]
+    assert [child.recv() for _, child in pipes] == [(ACK,), (ACK,)]
+    assert relay.calls is not None and not relay.calls
+
+
+def test_a_call_off_the_simulators_order_drops_it() -> None:
+    relay, coordinator, _ = _relay([(0, REQUEST), (1, REQUEST)])
+    relay.waiting[1] = (REQUEST, 0)
+    relay.waiting[0] = (OUTPUT, None, 0)  # the simulated rank 0 requested
+    relay._serve()
+    assert relay.calls is None
+    assert coordinator.made == [("request", 1), ("output", 0)]
+
+
 # -- real processes (release-marked) ----------------------------------------------------
 
 
@@ -273,6 +364,28 @@ def test_a_drafting_case_on_real_processes_makes_the_simulators_collectives(
             "ep",
         }
     assert GROUP_NAMES[-1] == ENGINE_DP_GROUP
+
+
+#: A case drawn by ``check --lane runner`` whose trace depends on a race on
+#: real processes: whether rank 1's first look at its input finds rank 0's
+#: START_DP_WAVE (a dummy batch first) or nothing (its own request first, the
+#: lane's arrival rule). Real processes follow the simulator's schedule.
+_RACY = RunnerCase.from_dict(
+    json.loads(
+        """{"dp_size": 2, "lane": "runner", "options": {"async_scheduling": false, "dp_sync_interval": 2, "long_prefill_token_threshold": 0, "max_model_len": 83, "max_num_batched_tokens": 35, "max_num_seqs": 7, "num_speculative_tokens": 0, "prefill_schedule_interval": 2, "speculator": null}, "policy": {"capture_sizes": [1, 2, 4, 8, 16, 32], "cudagraph_mode": "NONE", "decode_query_len": 1, "drafter": null, "lora_capture_cases": null, "max_capture_size": null, "max_num_seqs": 7, "microbatching": null, "varlen_decode": false}, "runner": "v2", "seed": 1, "streams": [{"requests": [{"accepted": [], "arrival": 0, "kv_wait": 1, "output_len": 6, "prompt_len": 72, "req_id": "r0-0"}, {"accepted": [], "arrival": 1, "kv_wait": 1, "output_len": 3, "prompt_len": 8, "req_id": "r0-1"}, {"accepted": [], "arrival": 4, "kv_wait": 0, "output_len": 4, "prompt_len": 72, "req_id": "r0-2"}, {"accepted": [], "arrival": 5, "kv_wait": 0, "output_len": 4, "prompt_len": 81, "req_id": "r0-3"}]}, {"requests": [{"accepted": [], "arrival": 1, "kv_wait": 1, "output_len": 6, "prompt_len": 80, "req_id": "r1-0"}, {"accepted": [], "arrival": 4, "kv_wait": 3, "output_len": 2, "prompt_len": 70, "req_id": "r1-1"}]}]}"""
+    )
+)
+
+
+@pytest.mark.release
+@pytest.mark.gloo
+def test_real_processes_follow_the_simulators_schedule_through_a_race(
+    release: Callable[[str], Any],
+) -> None:
+    simulated, lane, differences = _both(release("0.33.0"), _RACY)
+    assert differences == ()
+    assert lane.result.outcome == Outcome.OK
+    assert lane.result.to_dict()["ranks"] == simulated.to_dict()["ranks"]
 
 
 #: Engine bugs planted in a copied 0.33.0 tree (old text, new text), and

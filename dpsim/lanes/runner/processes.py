@@ -6,8 +6,12 @@ builds its rank's scheduler, speculator, worker and real engine with the
 simulator's own builders and joins gloo groups ``world``, ``dp_cpu``,
 ``dp_device``, ``ep`` and ``engine_dp``), and runs the coordinator model
 itself, relaying ``START_DP_WAVE``, requests and shutdowns over one duplex
-pipe per child (:mod:`dpsim.lanes.runner.relay`; what travels is
-deterministic, the order is the coordinator model's).
+pipe per child (:mod:`dpsim.lanes.runner.relay`). What travels is
+deterministic, and so is when it counts: the case is first simulated, and the
+real run follows the simulator's schedule of this channel (the order of the
+calls on the coordinator model, what each rank saw at each look at its
+input: :mod:`dpsim.lanes.runner.schedule`), so the two traces can be compared
+collective for collective. The collectives are real gloo's.
 
 The end is decided as the simulator decides it, with one difference real
 processes force:
@@ -39,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -67,8 +72,9 @@ from dpsim.terminal import printable
 from .case import RunnerCase
 from .engine import coordinator_for
 from .rank_process import RunnerRankJob
-from .relay import RankLink, handle
+from .relay import PARKED, RankLink, serve
 from .run import RUNNER_STEP_BUDGET, sources_for
+from .schedule import simulate_with_schedule
 
 #: The runner lane's groups, in the simulator's order (its defaults, then
 #: the engines' own DP group, as ``run_runner_case`` declares it).
@@ -124,6 +130,10 @@ def run_runner_lane(
             f"runner lane: drives the V2 model runner; {target.label} is the "
             f"{target.runner.upper()} runner's (issue 17)"
         )
+    # The simulator's schedule of the coordinator channel, which the real
+    # processes follow (see dpsim.lanes.runner.schedule); refuses a case the
+    # lane cannot drive before any process starts.
+    _, schedule = simulate_with_schedule(target, case)
     spec = target.spec
     run_dir = Path(tempfile.mkdtemp(prefix="dpsim-runner-lane-"))
     links: list[RankLink] = []
@@ -150,6 +160,7 @@ def run_runner_lane(
                 step_budget=RUNNER_STEP_BUDGET,
                 parent_pid=os.getpid(),
                 relay_fd=theirs.fileno(),
+                looks=schedule.looks_of(rank),
             )
             jobs.append(job)
             with job.path("stderr").open("wb") as stderr:
@@ -175,7 +186,7 @@ def run_runner_lane(
             coordinator.attach(link.rank, link.shutdown)
         await_startup(jobs, children, startup_s)
         ready = time.monotonic()
-        fired = _Relay(jobs, children, links, coordinator).run(
+        fired = _Relay(jobs, children, links, coordinator, schedule.calls).run(
             timeout_s + WATCHDOG_GRACE_S
         )
         (run_dir / "release").touch()
@@ -237,6 +248,7 @@ class _Relay:
         children: list[Process],
         links: list[RankLink],
         coordinator: Any,
+        calls: Sequence[tuple[int, str]],
     ) -> None:
         self.jobs = jobs
         self.children = children
@@ -244,6 +256,10 @@ class _Relay:
         self.coordinator = coordinator
         self.settled: dict[int, bool] = {}  # rank -> ended in a collective
         self.open = {link.connection: link for link in links}
+        #: The simulator's order of calls, while the run follows it; the
+        #: calls received and not yet made, by rank, oldest first.
+        self.calls: deque[tuple[int, str]] | None = deque(calls)
+        self.waiting: dict[int, tuple[Any, ...]] = {}
 
     def run(self, stall_s: float) -> bool:
         """Until every rank has settled; True if the watchdog had to give up."""
@@ -252,6 +268,7 @@ class _Relay:
         while True:
             self._relay()
             self._settle()
+            self._serve()
             if len(self.settled) == len(self.jobs):
                 return False
             self._decide()
@@ -276,10 +293,36 @@ class _Relay:
             except (EOFError, OSError):
                 del self.open[connection]  # the child is gone
                 continue
-            try:
-                handle(link, message, self.coordinator)
-            except (BrokenPipeError, ConnectionResetError):
-                del self.open[connection]
+            if message[0] == PARKED:
+                link.parked_at = message[1]
+            else:
+                link.parked_at = None
+                self.waiting[link.rank] = message
+
+    def _serve(self) -> None:
+        """Make the children's calls waiting here, in the simulator's order
+        while the run follows it, else as they came."""
+        while self.waiting:
+            if self.calls:
+                rank, kind = self.calls[0]
+                message = self.waiting.get(rank)
+                if message is None and rank not in self.settled:
+                    return  # its turn comes once that rank makes the call
+                if message is not None and message[0] == kind:
+                    self.calls.popleft()
+                    self._make(rank, self.waiting.pop(rank))
+                    continue
+            # Past the simulator's calls, or off them: the order calls came in.
+            self.calls = None
+            rank = next(iter(self.waiting))
+            self._make(rank, self.waiting.pop(rank))
+
+    def _make(self, rank: int, message: tuple[Any, ...]) -> None:
+        link = self.links[rank]
+        try:
+            serve(link, message, self.coordinator)
+        except (BrokenPipeError, ConnectionResetError):
+            self.open.pop(link.connection, None)
 
     def _settle(self) -> None:
         for job, child in zip(self.jobs, self.children, strict=True):

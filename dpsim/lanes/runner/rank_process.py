@@ -5,8 +5,9 @@ Started as ``python -m dpsim.lanes.runner.rank_process JOB.json`` by
 (:mod:`dpsim.replay.worker`, whose group set-up, log, markers and lingering
 this shares). It loads the target, builds its rank's parts with the very
 builders the simulator uses (:func:`~dpsim.lanes.runner.run.build_rank`), its
-input mailbox and coordinator relayed to the parent over two pipes
-(:mod:`dpsim.lanes.runner.relay`), joins real gloo groups (the sync lane's
+input mailbox and coordinator relayed to the parent over a pipe
+(:mod:`dpsim.lanes.runner.relay`; its looks at its input follow the
+simulated rank's, :mod:`dpsim.lanes.runner.schedule`), joins real gloo groups (the sync lane's
 four plus the engines' own ``engine_dp``) and runs the release's real
 ``DPEngineCoreProc.run_busy_loop`` until it exits on shutdown.
 
@@ -50,6 +51,9 @@ class RunnerRankJob:
     #: This process's end of its duplex pipe to the parent (an inherited
     #: file descriptor).
     relay_fd: int
+    #: The simulated rank's looks at its input queue (see
+    #: :mod:`dpsim.lanes.runner.schedule`): this rank's looks follow them.
+    looks: list[int]
 
     def path(self, suffix: str) -> Path:
         return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
@@ -112,7 +116,7 @@ def _set_up(job: RunnerRankJob, log: Any) -> tuple[Any, Any]:
     case = RunnerCase.from_dict(job.case)
     parts = default_builders()
     sources = parts.sources(target)
-    mailbox = RelayMailbox(Connection(job.relay_fd), INPUT_MAILBOX)
+    mailbox = RelayMailbox(Connection(job.relay_fd), INPUT_MAILBOX, job.looks)
     coordinator = RelayCoordinator(
         mailbox, front_end_wakes=engine_classes(sources).front_end_wakes
     )

@@ -36,8 +36,7 @@ it, and only the parent can wake it.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -69,35 +68,50 @@ class RelayMailbox:
     """The rank's input mailbox in a child process, fed by the parent.
 
     Answers what the engine's input queue stand-in asks of a simulator
-    :class:`~dpsim.sim.mailbox.Mailbox` (``get``, ``get_nowait``, ``empty``);
-    a blocking ``get`` on an empty mailbox tells the parent the rank is parked.
+    :class:`~dpsim.sim.mailbox.Mailbox` (``get``, ``get_nowait``, ``empty``).
+    ``looks`` is what the simulated rank saw: at its ``i``-th look (any of the
+    three), how many messages had reached its mailbox in all. The child's
+    ``i``-th look waits until as many have arrived and sees no more, so the
+    engine takes the path it took in the simulator, whenever the pipes
+    deliver (see :mod:`dpsim.lanes.runner.schedule`). Past the simulator's
+    looks (or without any), a look sees what has arrived. Waiting for a
+    message, the child tells the parent it is parked.
     """
 
-    def __init__(self, connection: Connection, name: str) -> None:
+    def __init__(
+        self, connection: Connection, name: str, looks: Sequence[int] = ()
+    ) -> None:
         self.name = name
         self._connection = connection
-        self._messages: deque[Any] = deque()
+        #: Every message put so far (decoded), and how many the engine took.
+        self._arrived: list[Any] = []
+        self._taken = 0
+        #: Puts and shutdowns read from the pipe (what ``parked`` reports).
         self._received = 0
+        self._looks = tuple(looks)
+        self._look = 0
         #: Set by :class:`RelayCoordinator`: the requests the parent refers to
         #: by number, and how to request the engine's shutdown.
         self.requests: dict[int, Any] = {}
         self.on_shutdown: Callable[[], None] | None = None
 
     def get(self) -> Any:
-        self._drain()
-        while not self._messages:
-            self._connection.send((PARKED, self._received))
-            self._take(self._connection.recv())
-        return self._messages.popleft()
+        limit = self._visible(block=True)
+        if limit <= self._taken:
+            raise RuntimeError(
+                f"the real rank left the simulator's schedule: its look "
+                f"{self._look} took a message the simulated rank did not have"
+            )
+        return self._pop()
 
     def get_nowait(self) -> Any:
         """The oldest message; ``IndexError`` when there is none (as a Mailbox)."""
-        self._drain()
-        return self._messages.popleft()
+        if self._visible(block=False) <= self._taken:
+            raise IndexError("get_nowait from an empty mailbox")
+        return self._pop()
 
     def empty(self) -> bool:
-        self._drain()
-        return not self._messages
+        return self._visible(block=False) <= self._taken
 
     def call(self, message: tuple[Any, ...]) -> None:
         """Send ``message`` to the parent and take what it sends until its ack."""
@@ -105,9 +119,29 @@ class RelayMailbox:
         while not self._take(self._connection.recv()):
             pass
 
-    def _drain(self) -> None:
+    def _visible(self, *, block: bool) -> int:
+        """How many of the messages put so far this look may see."""
+        if self._look < len(self._looks):
+            need = self._looks[self._look]
+            self._look += 1
+            while len(self._arrived) < need:
+                self._wait()
+            return need
+        self._look += 1
         while self._connection.poll(0):
             self._take(self._connection.recv())
+        while block and len(self._arrived) <= self._taken:
+            self._wait()
+        return len(self._arrived)
+
+    def _pop(self) -> Any:
+        message = self._arrived[self._taken]
+        self._taken += 1
+        return message
+
+    def _wait(self) -> None:
+        self._connection.send((PARKED, self._received))
+        self._take(self._connection.recv())
 
     def _take(self, message: tuple[Any, ...]) -> bool:
         """Handle one message from the parent; True for an ack."""
@@ -122,7 +156,7 @@ class RelayMailbox:
                 raise RuntimeError("a shutdown reached an engine not attached yet")
             self.on_shutdown()
         elif what == PUT:
-            self._messages.append(self._decode(message[1], message[2]))
+            self._arrived.append(self._decode(message[1], message[2]))
         else:
             raise RuntimeError(f"the runner lane's parent sent {message!r}")
         return False
@@ -132,6 +166,16 @@ class RelayMailbox:
             number, wave = payload
             return (kind, (self.requests.pop(number), wave))
         return (kind, payload)
+
+
+def relayed_output(item: Any) -> tuple[Any, ...] | None:
+    """The ``output`` call an engine's output-queue item makes on the
+    parent, or None for an item the coordinator model drops anyway
+    (per-request outputs: another client, another type)."""
+    client_index, outputs = item
+    if client_index != -1 or not isinstance(outputs, EngineCoreOutputs):
+        return None
+    return (OUTPUT, outputs.wave_complete, outputs.start_wave)
 
 
 class RelayCoordinator:
@@ -154,10 +198,9 @@ class RelayCoordinator:
         self._mailbox.call((REQUEST, number))
 
     def output(self, rank: int, item: Any) -> None:
-        client_index, outputs = item
-        if client_index != -1 or not isinstance(outputs, EngineCoreOutputs):
-            return  # per-request outputs: the coordinator model drops them too
-        self._mailbox.call((OUTPUT, outputs.wave_complete, outputs.start_wave))
+        message = relayed_output(item)
+        if message is not None:
+            self._mailbox.call(message)
 
 
 # -- the parent's side ----------------------------------------------------------------
@@ -198,11 +241,17 @@ class RankLink:
 
 def handle(link: RankLink, message: tuple[Any, ...], coordinator: Any) -> None:
     """The parent's coordinator model takes one message from ``link``'s child."""
-    what = message[0]
-    if what == PARKED:
+    if message[0] == PARKED:
         link.parked_at = message[1]
         return
     link.parked_at = None
+    serve(link, message, coordinator)
+
+
+def serve(link: RankLink, message: tuple[Any, ...], coordinator: Any) -> None:
+    """Make a child's call (a request or an output) on the coordinator model,
+    then ack it: every put the call caused is sent before the ack."""
+    what = message[0]
     if what == REQUEST:
         coordinator.send_request(link.rank, RequestNumber(message[1]))
     elif what == OUTPUT:
