@@ -52,15 +52,16 @@ speculator``):
 vLLM          ``"ar"`` (target-dependent autoregressive,   ``"mtp"``
               the EAGLE drafter)
 ============  ==========================================  ======================
-0.29 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
+0.28 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
               ``AutoRegressiveSpeculator``                 ``MTPSpeculator``
 0.32 - 0.33   ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
               ``TargetDependentARSpeculator``              ``MTPSpeculator``
 ============  ==========================================  ======================
 
-Both kinds run on every release from 0.29.0 to 0.33.0, every cudagraph mode
-(0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
-agreement, with no collective).
+Both kinds run on every release from 0.28.0 to 0.33.0, every cudagraph mode
+(0.28-0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
+agreement, with no collective; 0.28's decode-input kernels have no
+``sample_src_positions``, so their stand-ins take 0.28's arguments).
 ``"ar"`` is the class EAGLE's ``EagleSpeculator`` derives from (it adds only
 weight loading). Dynamic speculative decoding (a per-batch-size k) is not
 modelled: vLLM turns it off under DP, since ranks would pick different k
@@ -102,6 +103,7 @@ from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.run import tables_for
 from dpsim.targets.load import Target
 from dpsim.targets.manager import _vllm_config as manager_vllm_config
+from dpsim.targets.shim import parse_source
 
 #: The speculator kinds the lane drives (``EngineOptions.speculator``).
 KINDS = ("ar", "mtp")
@@ -377,6 +379,11 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
     )
     contexts = kit.forward_contexts
     graphs = _graphs_class(path_of[layout.graphs_module], version, target)
+    # 0.29 gave the decode-input kernels a sample_src_positions buffer; each
+    # release's launchers get the stand-in of their own parameter list.
+    with_src = "sample_src_positions" in _parameters(
+        path_of[layout.module], "prepare_decode_inputs"
+    )
     autoregressive = real_class(
         path_of[layout.module],
         layout.class_name,
@@ -398,10 +405,12 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
                 "prepare_prefill_inputs", _prepare_prefill_inputs
             ),
             "prepare_decode_inputs": _launcher(
-                "prepare_decode_inputs", _prepare_decode_inputs
+                "prepare_decode_inputs",
+                _prepare_decode_inputs if with_src else _prepare_decode_inputs_028,
             ),
             "update_draft_inputs": _launcher(
-                "update_draft_inputs", _update_draft_inputs
+                "update_draft_inputs",
+                _update_draft_inputs if with_src else _update_draft_inputs_028,
             ),
             _GRAPHS_CLASS: graphs,
         },
@@ -793,8 +802,58 @@ def _update_draft_inputs(
     """The triton kernel, as far as CPU code reads its results: the step's
     draft token, in its own column of the drafts ``propose`` returns. (The
     next step's inputs it also writes are read only by the stood-in model.)"""
+    _write_draft_step(draft_tokens, current_draft_step, output_draft_tokens, num_reqs)
+
+
+def _write_draft_step(
+    draft_tokens: torch.Tensor,
+    current_draft_step: torch.Tensor,
+    output_draft_tokens: torch.Tensor,
+    num_reqs: int,
+) -> None:
+    """The step's draft tokens into their column of the drafts."""
     step = int(current_draft_step)
     output_draft_tokens[:num_reqs, step] = draft_tokens[:num_reqs]
+
+
+def _prepare_decode_inputs_028(
+    draft_tokens: torch.Tensor,
+    target_seq_lens: torch.Tensor,
+    num_rejected: torch.Tensor,
+    input_buffers: Any,
+    max_model_len: int,
+    max_num_reqs: int,
+    advance_draft_positions: bool = True,
+) -> None:
+    """0.28's form of the kernel (no ``sample_src_positions``; 0.29 added
+    it): as :func:`_prepare_decode_inputs`, nothing CPU code reads back."""
+
+
+def _update_draft_inputs_028(
+    draft_tokens: torch.Tensor,
+    current_draft_step: torch.Tensor,
+    hidden_states: torch.Tensor,
+    output_draft_tokens: torch.Tensor,
+    next_input_hidden_states: torch.Tensor,
+    input_buffers: Any,
+    num_reqs: int,
+    max_model_len: int,
+    num_speculative_steps: int,
+    advance_draft_positions: bool = True,
+) -> None:
+    """0.28's form of the kernel (no ``sample_src_positions``): the same
+    draft-token write as :func:`_update_draft_inputs`."""
+    _write_draft_step(draft_tokens, current_draft_step, output_draft_tokens, num_reqs)
+
+
+def _parameters(path: Path, function: str) -> tuple[str, ...]:
+    """The parameter names of the file's top-level ``function`` (none when
+    it has none: the launcher then meets its call as a gap)."""
+    _, tree = parse_source(path)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            return tuple(argument.arg for argument in node.args.args)
+    return ()
 
 
 def _compute_slot_mappings(
