@@ -42,7 +42,11 @@ from dpsim.lanes.runner.processes import (
     run_runner_lane,
 )
 from dpsim.lanes.runner.run import RunnerResult, run_runner_case, sources_for
-from dpsim.lanes.runner.sources import RUNNER_LANE_MODULES, check_runner_lane_release
+from dpsim.lanes.runner.sources import (
+    OLDEST_RUNNER_LANE,
+    RUNNER_LANE_MODULES,
+    check_runner_lane_release,
+)
 from dpsim.options import parse_ranks
 from dpsim.properties import (
     NOT_FOR_RUNNER_LANE,
@@ -433,7 +437,9 @@ def _check_recorded(recorded: RunnerCaseFile, target: Target) -> None:
 
 #: The releases ``versions --lane runner`` checks by default: the first of each
 #: minor the lane drives.
-RUNNER_LANE_RELEASES = tuple(f"0.{minor}.0" for minor in range(29, 34))
+RUNNER_LANE_RELEASES = tuple(
+    f"0.{minor}.0" for minor in range(OLDEST_RUNNER_LANE[1], 34)
+)
 
 
 def versions(arguments: argparse.Namespace) -> int:

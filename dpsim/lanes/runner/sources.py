@@ -95,7 +95,30 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
 )
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
-OLDEST_RUNNER_LANE = (0, 29)
+OLDEST_RUNNER_LANE = (0, 28)
+#: Why each V2 release the sync lane drives (0.18+) but the runner lane does
+#: not is refused, newest first: the oldest (major, minor) each text holds
+#: for. Each names what the release's own files lack (the release-marked
+#: tests check it against them). Every one of them lacks the first item: the
+#: lane's stood-in ``prepare_inputs`` takes the request state
+#: ``gather_batch_req_state`` gathers (0.28's split), and before 0.28 the
+#: runner's ``prepare_inputs`` reads the scheduler output itself.
+_BEFORE_RUNNER_LANE: tuple[tuple[tuple[int, int], str], ...] = (
+    (
+        (0, 21),
+        "its V2 model runner has no GPUModelRunner.gather_batch_req_state "
+        "(before 0.28 prepare_inputs reads the scheduler output itself), "
+        "which the lane's stood-in prepare_inputs is written against",
+    ),
+    (
+        (0, 18),
+        "its V2 model runner has no GPUModelRunner.gather_batch_req_state "
+        "(before 0.28 prepare_inputs reads the scheduler output itself), "
+        "which the lane's stood-in prepare_inputs is written against, and its "
+        "engine no ParallelConfig.sync_dp_state (0.21 added it; the engine "
+        "loop calls has_unfinished_dp)",
+    ),
+)
 
 
 def wheel_prefixes(modules: tuple[str, ...] = RUNNER_LANE_MODULES) -> tuple[str, ...]:
@@ -112,12 +135,14 @@ def wheel_prefixes(modules: tuple[str, ...] = RUNNER_LANE_MODULES) -> tuple[str,
 
 def check_runner_lane_release(version: str) -> None:
     """Refuse, before any fetch, a release the lane cannot drive."""
-    check_release(version, "v2")
-    if _release_key(version)[:2] < OLDEST_RUNNER_LANE:
+    check_release(version, "v2")  # before 0.18: the sync lane's own refusal
+    key = _release_key(version)[:2]
+    if key < OLDEST_RUNNER_LANE:
         oldest = ".".join(map(str, OLDEST_RUNNER_LANE))
+        missing = next(text for since, text in _BEFORE_RUNNER_LANE if key >= since)
         raise TargetError(
-            f"runner lane: vllm {version} is older than the runner lane supports "
-            f"({oldest}.0 and later); refused without fetching it"
+            f"runner lane: vLLM {version} cannot be driven: {missing}; the runner "
+            f"lane drives {oldest}.0 and later; refused without fetching it"
         )
 
 
