@@ -40,6 +40,7 @@ from dpsim.targets.load import Target
 from dpsim.targets.spec import TargetSpec
 from dpsim.terminal import printable
 
+from . import heap
 from .case import RunnerCase
 from .strict import ModelGap, collect_gaps
 from .syncs import Phases, recording_sync
@@ -140,7 +141,10 @@ def run_runner_case(
     dp_size = case.dp_size
     stood: dict[int, tuple[str, ...]] = {}
     with collect_gaps() as gaps, torch.random.fork_rng(devices=[]):
-        torch.manual_seed(case.seed)
+        # The CPU generator only (the lane runs CPU tensors): torch.manual_seed
+        # also queues a lazy seeding of every accelerator, with a formatted
+        # stack each, on every case.
+        torch.default_generator.manual_seed(case.seed)
         try:
             programs, on_quiescent = _programs(target, case, parts, stood)
             result = simulate(
@@ -154,6 +158,7 @@ def run_runner_case(
             # A part refused the release, or a stand-in was asked something
             # while the ranks' parts were being built.
             raise TargetError(_refusal(target, str(refused), gaps)) from None
+    heap.settle()
     if gaps:
         raise TargetError(_refusal(target, gaps[0], gaps))
     for trace in result.ranks:
