@@ -76,10 +76,10 @@ def test_what_the_runner_lane_cannot_do_is_one_line_exit_2(
 def test_a_release_before_the_runner_lane_is_refused_unfetched(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    arguments = ["check", "--lane", "runner", "--vllm", "0.27.0"]
+    arguments = ["check", "--lane", "runner", "--vllm", "0.25.0"]
     assert main([*arguments, "--out", str(tmp_path)]) == 2
     line = _one_error_line(capsys)
-    assert "no GPUModelRunner.gather_batch_req_state" in line
+    assert "no sort_batch_req_ids" in line
     assert "refused without fetching it" in line
 
 
@@ -155,13 +155,13 @@ def test_check_writes_a_runner_case_that_replays_byte_for_byte(
 def test_versions_lane_runner_writes_one_row_per_release(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    arguments = ["versions", "--lane", "runner", "0.33.0", "0.27.0"]
+    arguments = ["versions", "--lane", "runner", "0.33.0", "0.25.0"]
     assert main([*arguments, "--examples", "5", "--out", str(tmp_path)]) == 1
     report = (tmp_path / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 2
     assert rows[0].startswith("| vllm 0.33.0 | ")
-    assert rows[1].startswith("| 0.27.0 | error | runner lane: vLLM 0.27.0 cannot be")
+    assert rows[1].startswith("| 0.25.0 | error | runner lane: vLLM 0.25.0 cannot be")
 
 
 def test_a_runner_policy_must_be_one_the_lane_models(

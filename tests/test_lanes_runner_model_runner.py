@@ -17,13 +17,14 @@ from dpsim.lanes.runner.model_runner import (
     DraftTokensHandler,
     RequestStates,
     _RunnerStandIns,
+    _RunnerStandInsBefore028,
     _Sampler,
 )
 from dpsim.lanes.runner.run import _real_sync
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.speculators import build_speculator
 from dpsim.lanes.runner.stream import EngineOptions
-from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
+from dpsim.lanes.runner.strict import ModelGap, collect_gaps, instance, standin
 from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
 from dpsim.lanes.runner.where import LineCoverage
 from dpsim.lanes.runner.worker import build_worker, real_classes
@@ -114,6 +115,47 @@ def test_a_step_with_fewer_tokens_than_logits_rows_is_a_gap() -> None:
         "GPUModelRunner.prepare_inputs: request a has fewer tokens scheduled "
         "than drafts + 1 (the modelled scheduler disagrees with vLLM's)"
     ]
+
+
+def test_before_0_28_prepare_inputs_gathers_in_the_releases_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runner without gather_batch_req_state (0.26-0.27): the stood-in
+    prepare_inputs(scheduler_output, batch_desc) gathers the request state in
+    the order the release's own sort gives (here a hand-written one), and
+    the gathered state answers only its fields (a later release's is absent;
+    anything else is a gap)."""
+    seen: list[Any] = []
+    monkeypatch.setattr(
+        _RunnerStandIns,
+        "prepare_inputs",
+        lambda self, output, state, desc: seen.append(state),
+    )
+    runner_class = type(
+        "GPUModelRunner",
+        (_RunnerStandInsBefore028,),
+        {"_dpsim_sort_batch_req_ids": staticmethod(lambda n, q: sorted(n, key=n.get))},
+    )
+    states = RequestStates(max_num_reqs=3, num_speculative_steps=0)
+    states.add_request("long", 5, [1] * 5, 0)
+    states.add_request("short", 2, [1] * 2, 2)
+    runner = instance(runner_class, req_states=states, decode_query_len=1)
+    output = standin(
+        "SchedulerOutput",
+        num_scheduled_tokens={"long": 5, "short": 1},
+        total_num_scheduled_tokens=6,
+    )
+    runner.prepare_inputs(output, standin("BatchExecutionDescriptor"))
+    (state,) = seen
+    assert state.req_ids == ["short", "long"]
+    assert state.num_scheduled_tokens.tolist() == [1, 5]
+    assert state.idx_mapping_np.tolist() == [1, 0]
+    assert state.is_prefilling_np.tolist() == [False, True]
+    assert (state.num_tokens, state.has_prefill) == (6, True)
+    assert not hasattr(state, "decode_graph_eligible")
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        state.max_query_len  # noqa: B018
+    assert gaps[0].startswith("gathered request state.max_query_len read at")
 
 
 # -- on releases ----------------------------------------------------------------

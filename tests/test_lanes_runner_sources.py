@@ -136,20 +136,30 @@ def test_the_v1_runner_and_old_releases_are_refused_before_any_fetch() -> None:
     with pytest.raises(TargetError, match="V2 model runner only, not the V1 runner"):
         RunnerSources.for_spec(TargetSpec(ReleaseSpec("0.33.0"), runner="v1"))
     with pytest.raises(TargetError) as refused:
-        check_runner_lane_release("0.27.1")
+        check_runner_lane_release("0.25.1")
     assert str(refused.value) == (
-        "runner lane: vLLM 0.27.1 cannot be driven: its V2 model runner has no "
-        "GPUModelRunner.gather_batch_req_state (before 0.28 prepare_inputs reads "
-        "the scheduler output itself), which the lane's stood-in prepare_inputs "
-        "is written against; the runner lane drives 0.28.0 and later; refused "
-        "without fetching it"
+        "runner lane: vLLM 0.25.1 cannot be driven: its V2 model runner has no "
+        "sort_batch_req_ids (before 0.26 prepare_inputs orders the batch's "
+        "requests inline), which the lane's stood-in prepare_inputs takes from "
+        "the release; the runner lane drives 0.26.0 and later; refused without "
+        "fetching it"
     )
     with pytest.raises(TargetError, match=r"and its engine no ParallelConfig\.sync"):
         check_runner_lane_release("0.20.2")
     # Before the sync lane's V2 range: the sync lane's own refusal, unfetched.
     with pytest.raises(TargetError, match=r"0\.15-0\.17 API"):
         check_runner_lane_release("0.17.0")
-    check_runner_lane_release("0.28.0")  # the oldest the lane drives
+    check_runner_lane_release("0.26.0")  # the oldest the lane drives
+
+
+def _top_level(path: Path, name: str) -> bool:
+    """Whether the file at ``path`` defines a top-level function ``name``."""
+    import ast
+
+    return any(
+        isinstance(node, ast.FunctionDef) and node.name == name
+        for node in ast.parse(path.read_text()).body
+    )
 
 
 def _defines(path: Path, class_name: str, method: str) -> bool:
@@ -168,18 +178,18 @@ def _defines(path: Path, class_name: str, method: str) -> bool:
 @pytest.mark.release
 @pytest.mark.parametrize(
     ("version", "sync_dp_state"),
-    [("0.20.0", False), ("0.27.0", True), ("0.28.0", True)],
+    [("0.20.0", False), ("0.25.0", True), ("0.26.0", True)],
 )
 def test_the_refusals_before_the_runner_lane_name_what_the_release_lacks(
     version: str, sync_dp_state: bool, release_file: Any
 ) -> None:
     """The pre-fetch refusal's facts, read off the release's own files (the
-    sync lane's cache keeps both): no gather_batch_req_state before 0.28, no
+    sync lane's cache keeps both): no sort_batch_req_ids before 0.26, no
     ParallelConfig.sync_dp_state before 0.21."""
     runner = release_file(version, "v1/worker/gpu/model_runner.py")
     config = release_file(version, "config/parallel.py")
-    drives = version == "0.28.0"
-    assert _defines(runner, "GPUModelRunner", "gather_batch_req_state") == drives
+    drives = version == "0.26.0"
+    assert _top_level(runner, "sort_batch_req_ids") == drives
     assert _defines(config, "ParallelConfig", "sync_dp_state") == sync_dp_state
     if drives:
         check_runner_lane_release(version)
@@ -187,7 +197,7 @@ def test_the_refusals_before_the_runner_lane_name_what_the_release_lacks(
     with pytest.raises(TargetError) as refused:
         check_runner_lane_release(version)
     said = str(refused.value)
-    assert "no GPUModelRunner.gather_batch_req_state" in said
+    assert "no sort_batch_req_ids" in said
     assert ("no ParallelConfig.sync_dp_state" in said) == (not sync_dp_state)
 
 

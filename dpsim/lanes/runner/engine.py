@@ -21,8 +21,8 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 * ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
   batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
   PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
-  ``_process_aborts_queue``, ``capture_iteration_details`` (a context
-  manager; stats logging is off) and the ``_attach_*`` helpers.
+  ``_process_aborts_queue``, ``capture_iteration_details`` (0.26+: a
+  context manager; stats logging is off) and the ``_attach_*`` helpers.
 
 The unfinished-requests all-reduce runs on the sim group
 :data:`~dpsim.records.groups.ENGINE_DP_GROUP`, the engine's own stateless DP
@@ -115,16 +115,19 @@ _ENGINE_CORE = (
     (
         "add_request",
         "abort_requests",
-        "capture_iteration_details",
-        "_make_iteration_details_stats",
-        "_attach_iteration_details",
         "step",
         "post_step",
         "step_with_batch_queue",
         "_process_aborts_queue",
         "execute_dummy_batch",
     ),
-    ("_attach_weight_version",),
+    (
+        "_attach_weight_version",
+        # 0.26+ (before, step and step_with_batch_queue name none of them).
+        "capture_iteration_details",
+        "_make_iteration_details_stats",
+        "_attach_iteration_details",
+    ),
 )
 _ENGINE_CORE_PROC = (
     (
@@ -144,11 +147,11 @@ _DP_ENGINE_CORE_PROC = (
         "add_request",
         "_handle_client_request",
         "_maybe_publish_request_counts",
-        "_should_throttle_prefills",
         "run_busy_loop",
         "_has_global_unfinished_reqs",
     ),
-    (),
+    # 0.24+ (before, the scheduler is not asked to throttle prefills).
+    ("_should_throttle_prefills",),
 )
 _PARALLEL_CONFIG = (("sync_dp_state",), ("cpu_distributed_timeout",))
 

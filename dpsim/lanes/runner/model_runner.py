@@ -22,7 +22,10 @@ attributes those methods read. What it holds:
   connectors;
 * stood in for (GPU, triton or model work, strict: anything else they are
   asked is a gap): ``prepare_inputs`` (a real ``InputBatch`` shaped as the
-  real method shapes it, without its H2D copies and triton kernels), the
+  real method shapes it, without its H2D copies and triton kernels; before
+  0.28, which has no ``gather_batch_req_state``, it first gathers the
+  request state as 0.26-0.27's own ``prepare_inputs`` does, in the order of
+  the release's ``sort_batch_req_ids``), the
   request state (:class:`RequestStates`: CPU arrays the bookkeeping methods
   read and write), block tables, model state, sampler, prompt logprobs,
   LoRA state, step timing, draft-token handler, the model
@@ -107,10 +110,12 @@ MODULES = (
 OPTIONAL_MODULES = frozenset({EC_CONNECTOR_MODULE, PCP_MODULE})
 
 #: GPUModelRunner methods run for real: every one the file has is kept; the
-#: first four must be there.
-REQUIRED = ("execute_model", "sample_tokens", "_dummy_run", "gather_batch_req_state")
+#: first three must be there.
+REQUIRED = ("execute_model", "sample_tokens", "_dummy_run")
 RUN_FOR_REAL = (
     *REQUIRED,
+    # 0.28+; before, prepare_inputs gathers (_RunnerStandInsBefore028).
+    "gather_batch_req_state",
     "take_draft_token_ids",
     "update_pp_decode_requests",
     "finish_requests",
@@ -314,6 +319,8 @@ def _kit(
         (runner_module, "ExecuteModelState"),
         (runner_module, "sort_batch_req_ids"),
         (modules[WORKER_UTILS_MODULE], "get_uniform_decode_token_count"),
+        # Its name and home before 0.28 (no has_prefill argument).
+        (target.cudagraph_utils, "get_uniform_token_count"),
         (modules[SPEC_UTILS_MODULE], "get_drafter_hidden_states"),
         (forward_context, "BatchDescriptor"),
         # 0.30 calls it whatever the DCP size (it returns None without DCP).
@@ -341,7 +348,20 @@ def _kit(
         methods,
         version=version,
         globals_=globals_,
-        bases=(_RunnerStandIns,),
+        bases=(
+            _RunnerStandIns
+            if "gather_batch_req_state" in have
+            else _RunnerStandInsBefore028,
+        ),
+        class_attributes=(
+            {}
+            if "gather_batch_req_state" in have
+            else {
+                "_dpsim_sort_batch_req_ids": staticmethod(
+                    _real(runner_module, "sort_batch_req_ids", version)
+                )
+            }
+        ),
         # Per-thread torch state in vLLM; see the module docstring.
         decorators={"torch.inference_mode()": None},
         absent=ABSENT,
@@ -622,6 +642,54 @@ class _RunnerStandIns(StrictObject):
         if lora_config is not None:
             raise gap("maybe_dummy_run_with_lora with a LoRA config (not modelled)")
         yield
+
+
+class _RunnerStandInsBefore028(_RunnerStandIns):
+    """The stood-in ``prepare_inputs`` of a runner before 0.28, which has no
+    ``gather_batch_req_state``: its ``prepare_inputs(scheduler_output,
+    batch_desc)`` gathers the batch's request state itself (0.27's
+    ``model_runner.py`` ``prepare_inputs``: the release's own
+    ``sort_batch_req_ids``, then each request's state row, prefill length and
+    computed prefill tokens), as 0.28's real ``gather_batch_req_state`` does
+    before the same shapes are made (:meth:`_RunnerStandIns.prepare_inputs`)."""
+
+    def prepare_inputs(  # type: ignore[override]
+        self, scheduler_output: Any, batch_desc: Any
+    ) -> Any:
+        runner: Any = self
+        per_request = scheduler_output.num_scheduled_tokens
+        req_ids = runner._dpsim_sort_batch_req_ids(per_request, runner.decode_query_len)
+        states = runner.req_states
+        idx_mapping_np = np.fromiter(
+            map(states.req_id_to_index.__getitem__, req_ids),
+            dtype=np.intp,
+            count=len(req_ids),
+        )
+        prefill_len_np = states.prefill_len.np[idx_mapping_np]
+        computed_prefill_np = states.num_computed_prefill_tokens[idx_mapping_np]
+        is_prefilling_np = computed_prefill_np < prefill_len_np
+        gathered = standin(
+            "gathered request state",
+            # Later releases' fields, which the shared shaping probes for.
+            absent=(
+                "decode_graph_eligible",
+                "prefill_runs_as_decode_np",
+                "max_seq_len_np",
+            ),
+            req_ids=req_ids,
+            num_tokens=scheduler_output.total_num_scheduled_tokens,
+            num_scheduled_tokens=np.fromiter(
+                map(per_request.__getitem__, req_ids),
+                dtype=np.int32,
+                count=len(req_ids),
+            ),
+            idx_mapping_np=idx_mapping_np,
+            prefill_len_np=prefill_len_np,
+            num_computed_prefill_tokens_np=computed_prefill_np,
+            is_prefilling_np=is_prefilling_np,
+            has_prefill=bool(is_prefilling_np.any()),
+        )
+        return super().prepare_inputs(scheduler_output, gathered, batch_desc)
 
 
 # -- building ---------------------------------------------------------------------

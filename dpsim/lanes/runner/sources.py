@@ -95,28 +95,28 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
 )
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
-OLDEST_RUNNER_LANE = (0, 28)
+OLDEST_RUNNER_LANE = (0, 26)
 #: Why each V2 release the sync lane drives (0.18+) but the runner lane does
 #: not is refused, newest first: the oldest (major, minor) each text holds
 #: for. Each names what the release's own files lack (the release-marked
-#: tests check it against them). Every one of them lacks the first item: the
-#: lane's stood-in ``prepare_inputs`` takes the request state
-#: ``gather_batch_req_state`` gathers (0.28's split), and before 0.28 the
-#: runner's ``prepare_inputs`` reads the scheduler output itself.
+#: tests check it against them): the lane's stood-in ``prepare_inputs``
+#: orders the batch's requests with the release's own ``sort_batch_req_ids``
+#: (0.26+), and before 0.26 the runner's ``prepare_inputs`` orders them
+#: inline, which the lane would have to copy.
 _BEFORE_RUNNER_LANE: tuple[tuple[tuple[int, int], str], ...] = (
     (
         (0, 21),
-        "its V2 model runner has no GPUModelRunner.gather_batch_req_state "
-        "(before 0.28 prepare_inputs reads the scheduler output itself), "
-        "which the lane's stood-in prepare_inputs is written against",
+        "its V2 model runner has no sort_batch_req_ids (before 0.26 "
+        "prepare_inputs orders the batch's requests inline), which the lane's "
+        "stood-in prepare_inputs takes from the release",
     ),
     (
         (0, 18),
-        "its V2 model runner has no GPUModelRunner.gather_batch_req_state "
-        "(before 0.28 prepare_inputs reads the scheduler output itself), "
-        "which the lane's stood-in prepare_inputs is written against, and its "
-        "engine no ParallelConfig.sync_dp_state (0.21 added it; the engine "
-        "loop calls has_unfinished_dp)",
+        "its V2 model runner has no sort_batch_req_ids (before 0.26 "
+        "prepare_inputs orders the batch's requests inline), which the lane's "
+        "stood-in prepare_inputs takes from the release, and its engine no "
+        "ParallelConfig.sync_dp_state (0.21 added it; the engine loop calls "
+        "has_unfinished_dp)",
     ),
 )
 

@@ -52,16 +52,17 @@ speculator``):
 vLLM          ``"ar"`` (target-dependent autoregressive,   ``"mtp"``
               the EAGLE drafter)
 ============  ==========================================  ======================
-0.28 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
+0.26 - 0.31   ``spec_decode/autoregressive``               ``spec_decode/mtp``
               ``AutoRegressiveSpeculator``                 ``MTPSpeculator``
 0.32 - 0.33   ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
               ``TargetDependentARSpeculator``              ``MTPSpeculator``
 ============  ==========================================  ======================
 
-Both kinds run on every release from 0.28.0 to 0.33.0, every cudagraph mode
-(0.28-0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
-agreement, with no collective; 0.28's decode-input kernels have no
-``sample_src_positions``, so their stand-ins take 0.28's arguments).
+Both kinds run on every release from 0.26.0 to 0.33.0, every cudagraph mode
+(0.26-0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
+agreement, with no collective; 0.26-0.28's decode-input kernels have no
+``sample_src_positions``, so their stand-ins take those releases' arguments;
+0.26-0.27 name the uniform-count helper ``get_uniform_token_count``).
 ``"ar"`` is the class EAGLE's ``EagleSpeculator`` derives from (it adds only
 weight loading). Dynamic speculative decoding (a per-batch-size k) is not
 modelled: vLLM turns it off under DP, since ranks would pick different k
@@ -395,9 +396,7 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
             "BatchDescriptor": _borrowed(kit, "BatchDescriptor", version),
             "set_forward_context": contexts.set_forward_context,
             "dispatch_cg_and_sync_dp": _route_sync,
-            "get_uniform_decode_token_count": _borrowed(
-                kit, "get_uniform_decode_token_count", version
-            ),
+            **_uniform_counts(kit, version),
             "build_slot_mappings_by_layer": _launcher(
                 "build_slot_mappings_by_layer", _build_slot_mappings_by_layer
             ),
@@ -559,6 +558,17 @@ def _check_derives(
             f"can drive: {path.name}'s {node.name} derives from "
             f"{', '.join(bases) or 'nothing'}, not {base}"
         )
+
+
+def _uniform_counts(kit: RunnerKit, version: str | None) -> dict[str, Any]:
+    """The release's uniform-token-count helper under the name(s) it has
+    (``get_uniform_decode_token_count`` from 0.28, ``get_uniform_token_count``
+    before)."""
+    names = ("get_uniform_decode_token_count", "get_uniform_token_count")
+    found = {name: kit.globals_[name] for name in names if name in kit.globals_}
+    if not found:
+        _borrowed(kit, names[0], version)  # its one-line refusal
+    return found
 
 
 def _borrowed(kit: RunnerKit, name: str, version: str | None) -> Any:
@@ -825,8 +835,8 @@ def _prepare_decode_inputs_028(
     max_num_reqs: int,
     advance_draft_positions: bool = True,
 ) -> None:
-    """0.28's form of the kernel (no ``sample_src_positions``; 0.29 added
-    it): as :func:`_prepare_decode_inputs`, nothing CPU code reads back."""
+    """0.26-0.28's form of the kernel (no ``sample_src_positions``; 0.29
+    added it): as :func:`_prepare_decode_inputs`, nothing CPU code reads back."""
 
 
 def _update_draft_inputs_028(
@@ -841,7 +851,7 @@ def _update_draft_inputs_028(
     num_speculative_steps: int,
     advance_draft_positions: bool = True,
 ) -> None:
-    """0.28's form of the kernel (no ``sample_src_positions``): the same
+    """0.26-0.28's form of the kernel (no ``sample_src_positions``): the same
     draft-token write as :func:`_update_draft_inputs`."""
     _write_draft_step(draft_tokens, current_draft_step, output_draft_tokens, num_reqs)
 
