@@ -12,6 +12,7 @@ import torch
 from test_lanes_runner_worker import OPTIONS, PIECEWISE, RELEASES, Steps, _busy
 
 from dpsim.errors import TargetError, UsageError
+from dpsim.lanes.runner.case import RunnerCase
 from dpsim.lanes.runner.model_runner import (
     AsyncOutput,
     DraftTokensHandler,
@@ -20,14 +21,15 @@ from dpsim.lanes.runner.model_runner import (
     _RunnerStandInsBefore028,
     _Sampler,
 )
-from dpsim.lanes.runner.run import _real_sync
+from dpsim.lanes.runner.run import _real_sync, run_runner_case
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.speculators import build_speculator
-from dpsim.lanes.runner.stream import EngineOptions
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import ModelGap, collect_gaps, instance, standin
 from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases, recording_sync
 from dpsim.lanes.runner.where import LineCoverage
 from dpsim.lanes.runner.worker import build_worker, real_classes
+from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
 from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
 from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
 from dpsim.records.sync import SYNC_EVENT
@@ -338,3 +340,41 @@ def test_the_key_functions_run_mostly_for_real(version: str) -> None:
     ):
         # The rest is PP, LoRA, PCP/DCP, multimodal, pooling: not modelled.
         assert ran[name] > 0.3, (name, ran[name])
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_what_the_lane_finds_under_full_and_piecewise_beyond_the_decode_graphs(
+    release: Any, version: str
+) -> None:
+    """Finding G2 (examined on the code, not confirmed on GPUs): vLLM's default
+    FULL_AND_PIECEWISE with a drafter. Rank 1 decodes max_num_seqs (3)
+    requests of 1 + k (2) tokens; FULL decode graphs stop at the largest
+    capture size rounding to <= 3 x 2 (4), so the 6 tokens run the PIECEWISE
+    8t graph (num_reqs None), and the idle rank's dummy is built as ONE
+    request of 8 tokens: its drafter prefill fails the reuse assertion. With
+    6 among the capture sizes the same engines run clean."""
+    options = EngineOptions(
+        max_num_seqs=3,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="ar",
+        num_speculative_tokens=1,
+    )
+    busy = RankStream(tuple(RequestScript(f"r1-{i}", 0, 1, 2) for i in range(3)))
+    verdicts: dict[tuple[int, ...], list[Any]] = {}
+    for sizes in ((1, 2, 4, 8), (1, 2, 4, 6, 8)):
+        policy = CapturePolicy(
+            capture_sizes=sizes,
+            cudagraph_mode="FULL_AND_PIECEWISE",
+            max_num_seqs=3,
+            decode_query_len=2,
+        )
+        case = RunnerCase(policy, options, (RankStream(), busy))
+        run = run_runner_case(release(version), case)
+        verdicts[sizes] = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+    found = verdicts[(1, 2, 4, 8)]
+    assert found[0].property == "no-error" and found[0].ranks == (0,)
+    assert found[0].phase == "iter 2 drafter prefill"
+    assert "reusing a DP sync taken over a different batch" in found[0].message
+    assert verdicts[(1, 2, 4, 6, 8)] == []
