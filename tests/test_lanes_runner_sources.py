@@ -139,13 +139,18 @@ def test_the_v1_runner_and_old_releases_are_refused_before_any_fetch() -> None:
         check_runner_lane_release("0.25.1")
     assert str(refused.value) == (
         "runner lane: vLLM 0.25.1 cannot be driven: its V2 model runner has no "
-        "sort_batch_req_ids (before 0.26 prepare_inputs orders the batch's "
-        "requests inline), which the lane's stood-in prepare_inputs takes from "
-        "the release; the runner lane drives 0.26.0 and later; refused without "
-        "fetching it"
+        "sort_batch_req_ids (0.26 added it; before, prepare_inputs orders the "
+        "batch's requests inline), which the lane's stood-in prepare_inputs "
+        "takes from the release; its speculators have no "
+        "SpeculatorCudaGraphManager (0.26 added it), from which the lane builds "
+        "the drafter's graphs; the runner lane drives 0.26.0 and later; refused "
+        "without fetching it"
     )
-    with pytest.raises(TargetError, match=r"and its engine no ParallelConfig\.sync"):
+    with pytest.raises(TargetError) as refused:
         check_runner_lane_release("0.20.2")
+    said = str(refused.value)
+    assert "no target-dependent autoregressive speculator" in said
+    assert "no ParallelConfig.sync_dp_state (0.21 added it;" in said
     # Before the sync lane's V2 range: the sync lane's own refusal, unfetched.
     with pytest.raises(TargetError, match=r"0\.15-0\.17 API"):
         check_runner_lane_release("0.17.0")
@@ -176,29 +181,37 @@ def _defines(path: Path, class_name: str, method: str) -> bool:
 
 
 @pytest.mark.release
-@pytest.mark.parametrize(
-    ("version", "sync_dp_state"),
-    [("0.20.0", False), ("0.25.0", True), ("0.26.0", True)],
-)
+@pytest.mark.parametrize("version", ["0.20.0", "0.22.0", "0.25.0", "0.26.0"])
 def test_the_refusals_before_the_runner_lane_name_what_the_release_lacks(
-    version: str, sync_dp_state: bool, release_file: Any
+    version: str,
 ) -> None:
     """The pre-fetch refusal's facts, read off the release's own files (the
-    sync lane's cache keeps both): no sort_batch_req_ids before 0.26, no
-    ParallelConfig.sync_dp_state before 0.21."""
-    runner = release_file(version, "v1/worker/gpu/model_runner.py")
-    config = release_file(version, "config/parallel.py")
-    drives = version == "0.26.0"
-    assert _top_level(runner, "sort_batch_req_ids") == drives
-    assert _defines(config, "ParallelConfig", "sync_dp_state") == sync_dp_state
-    if drives:
+    lane's cache of it): what each release lacks is named, and nothing else."""
+    package = cache_module.ensure_release(version, runner="v2", extra=wheel_prefixes())
+    spec_decode = package / "v1/worker/gpu/spec_decode"
+    lacks = {
+        "no sort_batch_req_ids": not _top_level(
+            package / "v1/worker/gpu/model_runner.py", "sort_batch_req_ids"
+        ),
+        "no SpeculatorCudaGraphManager": not any(
+            "class SpeculatorCudaGraphManager" in path.read_text()
+            for path in spec_decode.rglob("*.py")
+        ),
+        "no target-dependent autoregressive speculator": not (
+            spec_decode / "autoregressive"
+        ).is_dir(),
+        "no ParallelConfig.sync_dp_state": not _defines(
+            package / "config/parallel.py", "ParallelConfig", "sync_dp_state"
+        ),
+    }
+    if not any(lacks.values()):
         check_runner_lane_release(version)
+        assert version == "0.26.0"
         return
     with pytest.raises(TargetError) as refused:
         check_runner_lane_release(version)
     said = str(refused.value)
-    assert "no sort_batch_req_ids" in said
-    assert ("no ParallelConfig.sync_dp_state" in said) == (not sync_dp_state)
+    assert {what: what in said for what in lacks} == lacks
 
 
 @pytest.mark.release

@@ -96,27 +96,31 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
 OLDEST_RUNNER_LANE = (0, 26)
-#: Why each V2 release the sync lane drives (0.18+) but the runner lane does
-#: not is refused, newest first: the oldest (major, minor) each text holds
-#: for. Each names what the release's own files lack (the release-marked
-#: tests check it against them): the lane's stood-in ``prepare_inputs``
-#: orders the batch's requests with the release's own ``sort_batch_req_ids``
-#: (0.26+), and before 0.26 the runner's ``prepare_inputs`` orders them
-#: inline, which the lane would have to copy.
-_BEFORE_RUNNER_LANE: tuple[tuple[tuple[int, int], str], ...] = (
+#: What the V2 releases the sync lane drives (0.18+) but the runner lane
+#: does not lack, each with the (major, minor) that added it (``{}`` in the
+#: text): a release is refused naming every one it predates. Each is a fact of the releases' own
+#: files (the release-marked tests check them against the files).
+_ADDED_IN: tuple[tuple[tuple[int, int], str], ...] = (
     (
-        (0, 21),
-        "its V2 model runner has no sort_batch_req_ids (before 0.26 "
+        (0, 26),
+        "its V2 model runner has no sort_batch_req_ids ({} added it; before, "
         "prepare_inputs orders the batch's requests inline), which the lane's "
         "stood-in prepare_inputs takes from the release",
     ),
     (
-        (0, 18),
-        "its V2 model runner has no sort_batch_req_ids (before 0.26 "
-        "prepare_inputs orders the batch's requests inline), which the lane's "
-        "stood-in prepare_inputs takes from the release, and its engine no "
-        "ParallelConfig.sync_dp_state (0.21 added it; the engine loop calls "
-        "has_unfinished_dp)",
+        (0, 26),
+        "its speculators have no SpeculatorCudaGraphManager ({} added it), "
+        "from which the lane builds the drafter's graphs",
+    ),
+    (
+        (0, 23),
+        "it has no target-dependent autoregressive speculator "
+        "(spec_decode/autoregressive, {} added it; only EAGLE's)",
+    ),
+    (
+        (0, 21),
+        "its engine has no ParallelConfig.sync_dp_state ({} added it; the "
+        "engine loop calls has_unfinished_dp)",
     ),
 )
 
@@ -139,7 +143,11 @@ def check_runner_lane_release(version: str) -> None:
     key = _release_key(version)[:2]
     if key < OLDEST_RUNNER_LANE:
         oldest = ".".join(map(str, OLDEST_RUNNER_LANE))
-        missing = next(text for since, text in _BEFORE_RUNNER_LANE if key >= since)
+        missing = "; ".join(
+            text.format(".".join(map(str, added)))
+            for added, text in _ADDED_IN
+            if key < added
+        )
         raise TargetError(
             f"runner lane: vLLM {version} cannot be driven: {missing}; the runner "
             f"lane drives {oldest}.0 and later; refused without fetching it"
