@@ -163,7 +163,8 @@ def _runner_measure(arguments: argparse.Namespace, measures: list[str]) -> int:
         print(
             f"runner lane on {result['target']}: {result['cases_per_s']} cases/s at "
             f"{result['ranks']} ranks x {result['iterations']} iterations "
-            f"({result['cases']} cases in {result['seconds']}s), "
+            f"({result['cases']} cases in {result['seconds']}s, the best of "
+            f"{result['passes']} passes), "
             f"{result['vllm_share']:.0%} of the time in vLLM's own code"
         )
     return 0
