@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import queue
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,9 @@ from dpsim.lanes.runner.engine import (
     run_engine,
 )
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
-from dpsim.lanes.runner.strict import ModelGap, collect_gaps, standin
+from dpsim.lanes.runner.strict import ModelGap, collect_gaps, gap, standin
 from dpsim.records.groups import DP_CPU_GROUP, ENGINE_DP_GROUP
+from dpsim.records.sync import WORKER_ERROR_EVENT
 from dpsim.records.trace import Outcome, RankState, SimResult
 from dpsim.sim import current_world, simulate
 from dpsim.sim.mailbox import Mailbox
@@ -215,9 +216,19 @@ def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
     )
     with pytest.raises(ZeroDivisionError):
         failing.execute_model("so", non_block=True)
-    deferred = failing.sample_tokens(None, non_block=True)
+    # Kept in the future, and said in the rank's trace (a worker_error event:
+    # the engine may enter its next DP sync before it pops this batch).
+    kept: list[Any] = []
+    traced = simulate(
+        lambda rank: kept.append(failing.sample_tokens(None, non_block=True)), ranks=1
+    )
     with pytest.raises(ZeroDivisionError):
-        deferred.result()
+        kept[0].result()
+    (event,) = traced.ranks[0].events
+    assert (event.kind, event.payload) == (
+        WORKER_ERROR_EVENT,
+        {"error": "ZeroDivisionError: division by zero", "where": None},
+    )
     assert executor.is_sleeping is False
     with collect_gaps() as gaps, pytest.raises(ModelGap):
         executor.check_health()
@@ -316,13 +327,14 @@ def _run(
     streams: list[RankStream],
     scheduler: Any = None,
     chooser: Any = None,
+    workers: list[FakeWorker] | None = None,
 ) -> tuple[SimResult, list[FakeWorker], list[str], Coordinator, list[int]]:
     from dpsim.lanes.runner.scheduler import ModelledScheduler
 
     ranks = len(streams)
     boxes = [Mailbox(rank, "engine input") for rank in range(ranks)]
     coordinator = coordinator_for(sources, boxes)
-    workers = [FakeWorker() for _ in range(ranks)]
+    workers = workers or [FakeWorker() for _ in range(ranks)]
     engines = [
         build_engine(
             sources,
@@ -501,6 +513,48 @@ def test_async_scheduling_runs_the_batch_queue_in_step(version: str) -> None:
     ]
     assert set(idle.calls) == {"dummy"}
     assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1) == len(idle.calls)
+
+
+class _RaisingWorker(FakeWorker):
+    """A FakeWorker whose first sample_tokens raises what ``error`` makes."""
+
+    def __init__(self, error: Callable[[], Exception]) -> None:
+        super().__init__()
+        self.error: Callable[[], Exception] | None = error
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        error, self.error = self.error, None
+        if error is not None:
+            raise error()
+        return super().sample_tokens(grammar_output)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("error", "is_gap"),
+    [(lambda: IndexError("planted"), False), (lambda: gap("planted gap"), True)],
+)
+def test_a_worker_error_kept_in_a_future_is_traced_and_a_gap_stays_a_gap(
+    error: Callable[[], Exception], is_gap: bool
+) -> None:
+    """Under async scheduling the busy rank's sample_tokens raises: the error
+    goes into the future (as UniProcExecutor does) AND into the rank's trace
+    as a worker_error event, so no-error names it instead of the run reading
+    as a plain hang; a ModelGap is no worker error (the run is refused)."""
+    options = EngineOptions(async_scheduling=True, dp_sync_interval=2)
+    workers = [_RaisingWorker(error), FakeWorker()]
+    result, _, gaps, _, _ = _run(
+        _sources("0.33.0"), options, ONE_REQUEST, workers=workers
+    )
+    assert gaps == (["planted gap"] if is_gap else [])
+    events = [e for e in result.ranks[0].events if e.kind == WORKER_ERROR_EVENT]
+    if is_gap:
+        assert events == []
+        return
+    (event,) = events
+    assert event.payload["error"] == "IndexError: planted"
+    assert "in step_with_batch_queue" in event.payload["where"]
+    assert event.payload["where"].startswith("v1/engine/core.py:")
 
 
 @pytest.mark.release

@@ -92,8 +92,11 @@ from dpsim.lanes.runner.extract import Origin, class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
-from dpsim.lanes.runner.strict import StrictObject, instance, standin
+from dpsim.lanes.runner.strict import ModelGap, StrictObject, instance, standin
+from dpsim.lanes.runner.where import vllm_location
 from dpsim.records.groups import ENGINE_DP_GROUP
+from dpsim.records.sync import WORKER_ERROR_EVENT
+from dpsim.scenarios.ranks import record
 from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.world import current_world
 from dpsim.targets import runtime
@@ -239,7 +242,9 @@ class Executor(StrictObject):
     As ``UniProcExecutor.collective_rpc`` does with ``non_block``, a call's
     error goes into the returned future; ``execute_model`` then raises it at
     once (the future is done), ``sample_tokens`` when the engine asks for the
-    result.
+    result; such a kept error is also recorded in the rank's trace at once (a
+    ``worker_error`` event, judged by no-error), since the engine may enter
+    its next DP sync before it asks and leave its peers waiting.
     """
 
     OWNER = "Executor"
@@ -249,13 +254,17 @@ class Executor(StrictObject):
         self.is_sleeping = False
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
-        output = self._call(self.worker.execute_model, scheduler_output, non_block)
+        output = self._call(
+            self.worker.execute_model, scheduler_output, non_block, kept=False
+        )
         if non_block and output.done():
             output.result()  # surfaces the worker's error in line, as vLLM does
         return output
 
     def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
-        return self._call(self.worker.sample_tokens, grammar_output, non_block)
+        return self._call(
+            self.worker.sample_tokens, grammar_output, non_block, kept=True
+        )
 
     def execute_dummy_batch(self) -> None:
         self.worker.execute_dummy_batch()
@@ -264,16 +273,38 @@ class Executor(StrictObject):
         return self.worker.take_draft_token_ids()
 
     @staticmethod
-    def _call(method: Callable[[Any], Any], argument: Any, non_block: bool) -> Any:
+    def _call(
+        method: Callable[[Any], Any], argument: Any, non_block: bool, *, kept: bool
+    ) -> Any:
+        """The worker's answer (``non_block``: in a future, its error too).
+        ``kept``: an error stays in the future until the engine asks for it."""
         if not non_block:
             value = method(argument)
             return value.get_output() if _is_async_output(value) else value
         try:
             return _CompletedFuture(method(argument))
         except Exception as error:
+            if kept and not isinstance(error, ModelGap):
+                # The engine re-raises it only when it pops this batch and
+                # may first enter its next DP sync while peers wait: the
+                # trace must say this rank raised (no-error judges it). A
+                # gap is logged already and refuses the run.
+                record(WORKER_ERROR_EVENT, _worker_error(error))
             failed: Future[Any] = Future()
             failed.set_exception(error)
             return failed
+
+
+def _worker_error(error: BaseException) -> dict[str, Any]:
+    """A ``worker_error`` event's payload: the error and the innermost vLLM
+    frame it was raised under."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return {
+        "error": f"{type(error).__name__}: {error}",
+        "where": vllm_location(tb.tb_frame) if tb is not None else None,
+    }
 
 
 class Arrivals:
