@@ -64,7 +64,7 @@ def parse_runner(text: str | None, flag: str = "--runner") -> str | None:
 LANE_HELP = (
     "sync = the real DP sync under callers dpsim models (default); runner = "
     "vLLM's real engine loop, worker, model runner and speculators per "
-    "virtual rank (V2 runner, vLLM 0.28+)"
+    "virtual rank (V2 runner, vLLM 0.26+)"
 )
 
 

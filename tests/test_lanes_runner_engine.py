@@ -25,6 +25,7 @@ from dpsim.lanes.runner.coordinator import (
     REQUEST_TYPES,
     Coordinator,
     EngineCoreOutputs,
+    front_end_wake_marks_running,
     front_end_wakes_engines,
 )
 from dpsim.lanes.runner.engine import (
@@ -97,6 +98,24 @@ def test_a_front_end_that_wakes_engines_broadcasts_once_per_pause() -> None:
         (REQUEST_TYPES.ADD, ("b", 0)),
     ]
     assert _drain(boxes[1]) == [(REQUEST_TYPES.START_DP_WAVE, (0, 0))]
+
+
+@pytest.mark.parametrize("marks", [False, True])
+def test_a_wake_that_marks_engines_running_ignores_their_start_wave(
+    marks: bool,
+) -> None:
+    """0.26-0.28's coordinator marks the engines running when a front-end's
+    request wakes them: an engine's start_wave of the same wave is then not
+    broadcast again (0.29+: it is, as the engines are not marked)."""
+    boxes = [Mailbox(rank) for rank in range(2)]
+    coordinator = Coordinator(boxes, front_end_wakes=True, wake_marks_running=marks)
+
+    coordinator.send_request(0, "a")
+    coordinator.output(1, (-1, EngineCoreOutputs(start_wave=0)))
+
+    again = [] if marks else [(REQUEST_TYPES.START_DP_WAVE, (0, 1))]
+    assert _drain(boxes[1]) == [(REQUEST_TYPES.START_DP_WAVE, (0, 0)), *again]
+    assert coordinator.engines_running
 
 
 def test_per_request_outputs_are_not_the_coordinators() -> None:
@@ -178,6 +197,21 @@ def test_who_starts_waves_is_read_from_the_coordinator_file(tmp_path: Path) -> N
     assert not front_end_wakes_engines(coordinator_file(1), "9.9.9")
     with pytest.raises(TargetError, match="sends START_DP_WAVE from 0 places"):
         front_end_wakes_engines(coordinator_file(0), "9.9.9")
+
+
+def test_whether_a_wake_marks_engines_running_is_read_from_the_file(
+    tmp_path: Path,
+) -> None:
+    def coordinator_file(marks: int) -> Path:
+        path = tmp_path / f"coordinator{marks}.py"
+        body = "".join("    engines_running = True\n" for _ in range(marks))
+        path.write_text(f"def run():\n    engines_running = False\n{body}")
+        return path
+
+    assert front_end_wake_marks_running(coordinator_file(2), "9.9.9")
+    assert not front_end_wake_marks_running(coordinator_file(1), "9.9.9")
+    with pytest.raises(TargetError, match="marks the engines running in 3 places"):
+        front_end_wake_marks_running(coordinator_file(3), "9.9.9")
 
 
 # -- the stand-ins ----------------------------------------------------------------

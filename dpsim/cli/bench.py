@@ -21,7 +21,7 @@ measures:
   check   cases simulated and judged per second
   corpus  seconds to the first counterexample on each faulty target
   runner  runner-lane cases/s at 4 ranks x 8 iterations, and the share of
-          time in vLLM's own code (only when named; V2 runner, 0.28+)
+          time in vLLM's own code (only when named; V2 runner, 0.26+)
 
 sim and check run each model runner of --vllm (V2's dispatch_cg_and_sync_dp,
 V1's coordinate_batch_across_dp under its real caller), one row each, unless

@@ -5,7 +5,7 @@ process moving ZMQ messages, and the engines see it only through their input
 queues (``START_DP_WAVE``, the requests a front-end sends) and their output
 queues (``start_wave`` / ``wave_complete`` outputs). What this model does,
 and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
-``DPCoordinatorProc.process_input_socket``, 0.29.0 to 0.33.0):
+``DPCoordinatorProc.process_input_socket``, 0.26.0 to 0.33.0):
 
 * An engine's output ``start_wave=w`` (engine ``e``): when ``w`` is newer than
   the coordinator's wave, or equal while the engines are not running, the
@@ -21,7 +21,9 @@ and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
   ``DPAsyncMPClient.add_request_async`` while it believes the engines
   paused), the front-end then tells the coordinator, which broadcasts
   ``START_DP_WAVE (wave, engine)`` (``None`` for a stale wave) when its
-  engines are not running. From 0.33 on, engines alone start waves
+  engines are not running (0.26-0.28: and marks them running, so an
+  engine's ``start_wave`` of the same wave is then not broadcast again;
+  0.29 dropped that mark). From 0.33 on, engines alone start waves
   (``DPEngineCoreProc.add_request`` emits ``start_wave``).
 * End of input: when no rank can run and every blocked rank is parked in its
   input mailbox (idle engines, no arrivals left), the front-end shuts the
@@ -118,6 +120,38 @@ def front_end_wakes_engines(coordinator_py: Path, version: str | None) -> bool:
     return calls == 2
 
 
+def front_end_wake_marks_running(coordinator_py: Path, version: str | None) -> bool:
+    """Whether this release's coordinator, waking the engines on a
+    front-end's message, also marks them running (0.26-0.28: yes; 0.29
+    stopped, since a paused engine discards the START_DP_WAVE it sends).
+
+    Read from the release's ``coordinator.py``: ``engines_running = True`` is
+    assigned in the engine branch alone (once) or in the front-end branch
+    too (twice). Any other shape is refused, as in
+    :func:`front_end_wakes_engines`.
+    """
+    _, tree = parse_source(coordinator_py)
+    marks = sum(
+        1
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(
+            isinstance(target, ast.Name) and target.id == "engines_running"
+            for target in node.targets
+        )
+        and isinstance(node.value, ast.Constant)
+        and node.value.value is True
+    )
+    if marks not in (1, 2):
+        raise TargetError(
+            f"runner lane: vLLM {version or '(this tree)'}'s "
+            f"{where.register_file(coordinator_py)} marks the engines running in "
+            f"{marks} places; the lane's coordinator model knows 1 (on an "
+            "engine's start_wave) or 2 (on a front-end's wake too)"
+        )
+    return marks == 2
+
+
 class Coordinator:
     """The DP coordinator and the front-end, over every engine's input mailbox.
 
@@ -126,9 +160,18 @@ class Coordinator:
     it registers the engine (see :meth:`attach`).
     """
 
-    def __init__(self, mailboxes: Sequence[Mailbox], *, front_end_wakes: bool) -> None:
+    def __init__(
+        self,
+        mailboxes: Sequence[Mailbox],
+        *,
+        front_end_wakes: bool,
+        wake_marks_running: bool = False,
+    ) -> None:
         self.mailboxes = tuple(mailboxes)
         self.front_end_wakes = front_end_wakes
+        #: 0.26-0.28: a front-end's wake marks the engines running
+        #: (:func:`front_end_wake_marks_running`).
+        self.wake_marks_running = wake_marks_running
         #: The coordinator's wave and running state (``current_wave``,
         #: ``engines_running`` in ``process_input_socket``).
         self.current_wave = 0
@@ -154,6 +197,8 @@ class Coordinator:
             # FIRST_REQ: the engines may be paused; the coordinator wakes the others.
             self.front_end_running = True
             if not self.engines_running:
+                if self.wake_marks_running:
+                    self.engines_running = True
                 self._broadcast_start_wave(self.current_wave, rank)
 
     # -- the engines' outputs --------------------------------------------------

@@ -9,7 +9,7 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 * ``DPEngineCoreProc``: ``run_busy_loop`` (the dummy-batch decision, the wave
   bookkeeping), ``_has_global_unfinished_reqs`` over the real
   ``ParallelConfig.sync_dp_state`` (0.30+: at step 1 and every
-  ``dp_sync_interval`` steps, 0.29: every 32 steps; through 0.32 a
+  ``dp_sync_interval`` steps, 0.26-0.29: every 32 steps; through 0.32 a
   staticmethod calling ``torch.distributed.all_reduce``, 0.33 a method of the
   engine's ``parallel_config`` calling ``cpu_all_reduce_``), ``add_request`` and
   ``_handle_client_request`` (START_DP_WAVE), ``_maybe_publish_request_counts``
@@ -86,6 +86,7 @@ from dpsim.lanes.runner.coordinator import (
     REQUEST_TYPES,
     Coordinator,
     EngineCoreOutputs,
+    front_end_wake_marks_running,
     front_end_wakes_engines,
 )
 from dpsim.lanes.runner.extract import Origin, class_methods, real_class
@@ -397,6 +398,8 @@ class EngineClasses:
     engine: type
     parallel_config: type
     front_end_wakes: bool
+    #: 0.26-0.28's coordinator marks the engines running on a front-end's wake.
+    wake_marks_running: bool = False
 
     @property
     def origins(self) -> tuple[Origin, ...]:
@@ -501,6 +504,7 @@ def _engine_classes(
         engine=lane_cls,
         parallel_config=parallel_config,
         front_end_wakes=front_end_wakes_engines(coordinator, version),
+        wake_marks_running=front_end_wake_marks_running(coordinator, version),
     )
 
 
@@ -593,7 +597,7 @@ def build_engine(
         batch_queue_size=batch_queue_size,
         batch_queue=deque(maxlen=batch_queue_size) if batch_queue_size > 1 else None,
         is_mm_encoder_only=False,  # 0.31+: a text MoE model
-        # 0.29-0.30: True without an EC transfer config (EngineCore.__init__); it
+        # 0.26-0.30: True without an EC transfer config (EngineCore.__init__); it
         # gates step_with_batch_queue's model_executed.
         is_ec_consumer=True,
         is_pooling_model=False,
@@ -654,6 +658,9 @@ def coordinator_for(
     sources: RunnerSources, mailboxes: Sequence[Mailbox]
 ) -> Coordinator:
     """The coordinator model for this release's wave protocol."""
+    classes = engine_classes(sources)
     return Coordinator(
-        mailboxes, front_end_wakes=engine_classes(sources).front_end_wakes
+        mailboxes,
+        front_end_wakes=classes.front_end_wakes,
+        wake_marks_running=classes.wake_marks_running,
     )
