@@ -31,7 +31,12 @@ from dpsim.lanes.runner.where import LineCoverage
 from dpsim.lanes.runner.worker import build_worker, real_classes
 from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
 from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
-from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.records.policy import (
+    CapturePolicy,
+    CudagraphMode,
+    Microbatching,
+    vllm_default_sizes,
+)
 from dpsim.records.sync import SYNC_EVENT
 from dpsim.records.trace import Outcome, SimResult
 from dpsim.sim import simulate
@@ -378,3 +383,43 @@ def test_what_the_lane_finds_under_full_and_piecewise_beyond_the_decode_graphs(
     assert found[0].phase == "iter 2 drafter prefill"
     assert "reusing a DP sync taken over a different batch" in found[0].message
     assert verdicts[(1, 2, 4, 6, 8)] == []
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", RELEASES)
+def test_g2_under_vllms_own_default_capture_sizes(release: Any, version: str) -> None:
+    """G2 with the capture sizes vLLM's config derives when none are given
+    (config/vllm.py, 0.29 and 0.33: the 1/2/4/8-step/16-step grid up to
+    min(max_num_seqs x 3 x 2, 512), plus uniform decode sizes 3n for its
+    request-count grid, up to 512), max_num_seqs 256, MTP k=2: the largest
+    FULL decode graph is 504 tokens (168 requests; 512 rounds to 513). A
+    rank decoding 170 requests (510 tokens) runs PIECEWISE 512 and its idle
+    peer's drafter prefill fails the reuse assertion; 168 requests hold."""
+    decode = {3 * n for n in (1, 2, 4, *range(8, 171, 8))}
+    sizes = tuple(sorted(set(vllm_default_sizes(512)) | decode))
+    options = EngineOptions(
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        max_model_len=16,
+        speculator="mtp",
+        num_speculative_tokens=2,
+    )
+    policy = CapturePolicy(
+        capture_sizes=sizes,
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        max_num_seqs=256,
+        decode_query_len=3,
+    )
+    messages: dict[int, list[str]] = {}
+    for count in (168, 170):
+        busy = RankStream(
+            tuple(RequestScript(f"r1-{i}", 0, 1, 2) for i in range(count))
+        )
+        case = RunnerCase(policy, options, (RankStream(), busy))
+        run = run_runner_case(release(version), case)
+        verdicts = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+        messages[count] = [verdict.message for verdict in verdicts]
+    assert messages[168] == []
+    assert messages[170][0] == (
+        "rank 0 raised AssertionError: reusing a DP sync taken over a different batch"
+    )
