@@ -424,8 +424,37 @@ def test_rules_follow_the_release() -> None:
     assert (
         rules_for("0.31.0") == rules_for("0.33.0") == SchedulerRules(True, True, True)
     )
+    # 0.26-0.28: a padded request past max_model_len stops the waiting loop.
+    assert (
+        rules_for("0.26.0")
+        == rules_for("0.28.0")
+        == SchedulerRules(False, False, False, unpadded_near_max_model_len=False)
+    )
     # A tree of unknown version is taken to be current.
     assert rules_for(None) == rules_for("0.33.0")
+
+
+def test_near_max_model_len_a_padded_request_waits_before_0_29(
+    tmp_path: Path,
+) -> None:
+    """b has one token left after its KV load, beside a's decode: padded to
+    1 + k it would pass max_model_len. 0.29+ schedules it unpadded; 0.26-0.28
+    stop the waiting loop (b waits a step)."""
+    options = EngineOptions(max_model_len=5, speculator="ar", num_speculative_tokens=2)
+    stream = RankStream(
+        (RequestScript("a", 0, 1, 3), RequestScript("b", 0, 4, 1, kv_wait=1))
+    )
+    seconds = []
+    for version in ("0.28.0", "0.29.0"):
+        tree = fake_tree(tmp_path / version, extra="", version=version)
+        scheduler = ModelledScheduler(stream, options, tree)
+        for script in stream.requests:
+            scheduler.add_request(make_request(script))
+        first = scheduler.schedule()
+        assert first.num_scheduled_tokens == {"a": 1}
+        scheduler.update_from_output(first, None)
+        seconds.append(scheduler.schedule().num_scheduled_tokens)
+    assert seconds == [{"a": 1}, {"a": 1, "b": 1}]
 
 
 def test_a_lone_kv_loaded_request_is_padded_from_0_30(tmp_path: Path) -> None:

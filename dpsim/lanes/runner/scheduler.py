@@ -8,7 +8,7 @@ real ``Request`` objects (each with a block hasher), all built from a full
 that is what the lane wants drawn adversarially (Hypothesis draws the
 request streams, :mod:`dpsim.lanes.runner.generate`). So this class is
 written from scratch, following the real scheduler's decisions that shape a
-step (vLLM 0.33.0 ``Scheduler.schedule``; where 0.29-0.32's differ, as
+step (vLLM 0.33.0 ``Scheduler.schedule``; where 0.26-0.32's differ, as
 read in their scheduler.py, :class:`SchedulerRules` says how):
 
 * running requests first, in order: ``num_new_tokens = num_tokens_with_spec +
@@ -27,8 +27,11 @@ read in their scheduler.py, :class:`SchedulerRules` says how):
   max_num_seqs`` and budget remains; chunked prefill is on (vLLM's default);
   a request with one token left after a remote KV load is padded to ``1 + k``
   tokens with -1 drafts (0.30+: when no prefill is scheduled and a request
-  ran or tokens were computed; 0.29: when a running request was scheduled
-  and no prefill was); a ``long_prefill_token_threshold`` of at most k then
+  ran or tokens were computed; 0.26-0.29: when a running request was
+  scheduled and no prefill was), if ``max_model_len`` leaves room for them
+  and the sampled token, else unpadded (0.26-0.28: if the padded tokens pass
+  ``max_model_len``, the waiting loop stops instead); a
+  ``long_prefill_token_threshold`` of at most k then
   cuts the padding and vLLM's scheduler asserts (0.29-0.33): a gap here,
   and :mod:`~dpsim.lanes.runner.generate` draws no such threshold;
 * KV-transfer waits: a request with ``kv_wait = n`` is admitted into
@@ -191,6 +194,11 @@ class SchedulerRules:
     #: 0.31+: ``prefill_capacity_bound`` counts only waiting requests not held
     #: back (0.29-0.30: any waiting request).
     capacity_bound_spares_held: bool
+    #: 0.29+: a request is padded only when ``max_model_len`` leaves room for
+    #: the padded tokens and the sampled one, else it is scheduled unpadded;
+    #: 0.26-0.28: when the padded tokens pass ``max_model_len`` the waiting
+    #: loop stops instead ("Prefer to not schedule than schedule un-padded").
+    unpadded_near_max_model_len: bool = True
 
 
 def rules_for(version: str | None) -> SchedulerRules:
@@ -201,6 +209,7 @@ def rules_for(version: str | None) -> SchedulerRules:
         pad_after_computed_tokens=key >= (0, 30),
         threshold_needs_company=key >= (0, 31),
         capacity_bound_spares_held=key >= (0, 31),
+        unpadded_near_max_model_len=key >= (0, 29),
     )
 
 
@@ -493,12 +502,11 @@ class ModelledScheduler(StrictObject):
             if defer_prefills and computed < live.num_tokens - 1:
                 break
             num_new = live.num_tokens - computed
-            padded = (
-                k > 0
-                and num_new == 1
-                and self._may_pad(plan, computed)
-                and computed + 1 + k + 1 <= self._options.max_model_len
-            )
+            padded = k > 0 and num_new == 1 and self._may_pad(plan, computed)
+            if padded and self._rules.unpadded_near_max_model_len:
+                padded = computed + 1 + k + 1 <= self._options.max_model_len
+            elif padded and computed + 1 + k > self._options.max_model_len:
+                break  # before 0.29: rather not schedule than schedule unpadded
             if padded:
                 # Rather not schedule than schedule unpadded.
                 if 1 + k > plan.budget:
