@@ -46,6 +46,7 @@ from dpsim.properties import (
     PROPERTY_NAMES,
     RUNNER_LANE_PROPERTIES,
     not_run,
+    select,
 )
 from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
@@ -192,6 +193,8 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.ranks is None:
         arguments.ranks = DEFAULT_RANKS_TEXT
     parse_ranks(arguments.ranks)
+    # Unknown names are refused here, before a release is fetched for them.
+    select(arguments.property)
     check_output_directory(Path(arguments.out), "--out")
     allowance = allowances.from_arguments(arguments)
     spec = target_spec(arguments)
