@@ -60,7 +60,10 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
             ["versions", "--lane", "runner", "--target", "x.py@0.33.0"],
             "versions --lane runner: --target FILE@SPEC is the sync lane's",
         ),
-        (["fuzz", "--lane", "runner"], "fuzz --lane runner: not wired"),
+        (
+            ["fuzz", "--lane", "runner", "--scenario", "step"],
+            "fuzz --lane runner: --scenario is the sync lane's",
+        ),
         (["mutate", "--lane", "runner"], "mutate --lane runner: not wired"),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else "",

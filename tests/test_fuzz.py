@@ -157,3 +157,53 @@ def test_an_interrupted_campaign_does_not_read_as_a_pass() -> None:
     assert "result: INTERRUPTED: 0 failure(s)" in render(tally)
     tally.stopping = "deadline"
     assert summary(tally)["verdict"] == "pass"
+
+
+# -- the runner lane ----------------------------------------------------------------
+
+RUNNER_RELEASE = "0.33.0"
+
+
+def test_runner_lane_fuzz_writes_the_known_finding(tmp_path: Path) -> None:
+    """0.33.0 under drawn default-grid policies breaks no-error within a few
+    dozen cases (the drafter prefill's reuse assertion, G2): the campaign
+    ends as soon as its one test fails, and the runner case file it writes
+    replays to the same verdicts byte for byte."""
+    out = tmp_path / "out"
+    command = [
+        *("fuzz", "--lane", "runner", "--vllm", RUNNER_RELEASE, "--workers", "1"),
+        *("--for", "10m", "--db", str(tmp_path / "db"), "--out", str(out), "--json"),
+    ]
+    process = subprocess.run(
+        [sys.executable, "-c", "from dpsim.cli import run; run()", *command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    summary = json.loads(process.stdout)
+    assert process.returncode == 1, process.stderr
+    assert summary["stopped"] == "finished"
+    assert list(summary["scenarios"]) == ["runner-lane"]
+    [failure] = summary["failures"]
+    assert failure["property"] == "no-error"
+    assert "reusing a DP sync" in failure["message"]
+    written = Path(failure["counterexample"])
+    assert json.loads(written.read_text())["lane"] == "runner"
+    assert main(["replay", str(written), "--json"]) == 1
+
+
+def test_runner_lane_fuzz_refuses_the_sync_lanes_options(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for extra, flag in (
+        (["--scenario", "step"], "--scenario"),
+        (["--profile", "contract"], "--profile"),
+        (["--runner", "v1"], "--runner v1"),
+    ):
+        assert main(["fuzz", "--lane", "runner", "--for", "1s", *extra]) == 2
+        assert flag in capsys.readouterr().err
+    # A release the lane does not drive: refused in one line, before a fetch.
+    assert main(["fuzz", "--lane", "runner", "--vllm", "0.20.0", "--for", "1s"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "sync_dp_state" in err

@@ -18,13 +18,25 @@ from pathlib import Path
 from typing import IO, Any
 
 from dpsim.cli import add_command, check_output_directory
-from dpsim.cli.check import add_case_arguments, add_target_arguments
+from dpsim.cli.check import (
+    DEFAULT_RANKS_TEXT,
+    add_case_arguments,
+    add_target_arguments,
+)
 from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
 from dpsim.isolation import EXIT_INTERRUPTED
-from dpsim.options import add_lane_argument, refuse_lane
+from dpsim.lanes.runner.check import DEFAULT_RUNNER_RANKS
+from dpsim.options import add_lane_argument, check_lane
 from dpsim.suite.config import SuiteOptions
+
+#: DP sizes per lane when --ranks is not given (the runner lane runs whole
+#: engines per rank: fewer ranks, as check and the pytest plugin draw).
+RANKS_DEFAULT = {
+    "sync": DEFAULT_RANKS_TEXT,
+    "runner": "{}..{}".format(*DEFAULT_RUNNER_RANKS),
+}
 
 HELP = "fuzz the property suite continuously, N processes sharing one database"
 EPILOG = f"""\
@@ -32,12 +44,18 @@ examples:
   dpsim fuzz --for 10m                       every core, newest release
   dpsim fuzz --vllm ~/src/vllm --workers 8 --db /shared/dpsim-db
   dpsim fuzz --vllm 0.33.0 --db redis://fuzz-db:6379/0     one of a fleet
+  dpsim fuzz --lane runner --vllm 0.33.0 --for 15m          vLLM's real engines
 
 Every worker runs the same Hypothesis tests as `pytest --pyargs dpsim.suite`,
 under the same database keys: a failure any worker (or CI run) saved is
 replayed first by all the others. The database defaults to {LOCAL_DIRECTORY},
 Hypothesis' own, so a later pytest run in this directory replays what the
 campaign found. Each new counterexample is written to --out.
+With --lane runner every worker runs the runner lane's one test (`pytest
+--dpsim-lane runner`'s: vLLM's real engine loop, worker, model runner and
+speculators per rank; DP sizes 2..4 by default) and writes a failure as a
+runner case file; --scenario, --profile, --target and --caller-file are the
+sync lane's.
 """
 
 
@@ -67,7 +85,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--out", default="dpsim-out", metavar="DIR", help="where counterexamples go"
     )
-    add_case_arguments(parser)
+    add_case_arguments(parser, ranks_default=None)
     parser.add_argument(
         "--batch",
         type=int,
@@ -81,7 +99,7 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    refuse_lane(arguments.lane, "fuzz")
+    check_lane(arguments.lane, arguments.runner, "fuzz")
     check_output_directory(Path(arguments.out), "--out")
     options = CampaignOptions(
         suite=SuiteOptions(
@@ -91,8 +109,9 @@ def run(arguments: argparse.Namespace) -> int:
             caller_file=arguments.caller_file,
             policy=arguments.policy,
             profile=arguments.profile,
-            ranks=arguments.ranks,
+            ranks=arguments.ranks or RANKS_DEFAULT[arguments.lane],
             out=arguments.out,
+            lane=arguments.lane,
         ),
         database=arguments.db,
         workers=arguments.workers,

@@ -23,7 +23,8 @@ from dpsim import processes
 from dpsim.database import open_database, probe
 from dpsim.errors import UsageError
 from dpsim.fuzz import worker
-from dpsim.properties import PROPERTY_NAMES
+from dpsim.lanes.runner.suite import RUNNER_LANE_TEST
+from dpsim.properties import PROPERTY_NAMES, RUNNER_LANE_PROPERTIES
 from dpsim.scenarios.generate import scenarios_for
 from dpsim.suite.config import SuiteOptions, resolve
 
@@ -71,6 +72,8 @@ class Tally:
     pids: list[int] = field(default_factory=list)
     #: Why the campaign is stopping: "deadline", "interrupted", "finished".
     stopping: str | None = None
+    #: The properties each scenario's cases are judged by (the lane's).
+    properties: int = len(PROPERTY_NAMES)
 
     @property
     def total(self) -> int:
@@ -84,7 +87,7 @@ class Tally:
     def checks(self) -> tuple[int, int]:
         """(scenario x property pairs still holding, pairs exercised)."""
         exercised = sum(1 for name in self.scenarios if self.examples.get(name))
-        pairs = exercised * len(PROPERTY_NAMES)
+        pairs = exercised * self.properties
         broken = {(failure.scenario, failure.property) for failure in self.failures}
         return pairs - len(broken), pairs
 
@@ -101,9 +104,13 @@ def run_campaign(
     """Fuzz until the deadline, Ctrl-C, or every scenario has failed."""
     if options.workers < 1:
         raise UsageError("--workers must be at least 1")
+    if options.suite.lane == "runner":
+        _refuse_for_runner_lane(options)
     suite = resolve(options.suite)
     probe(open_database(options.database), options.database)
-    available = scenarios_for(suite.target)
+    available = (
+        (RUNNER_LANE_TEST,) if suite.lane == "runner" else scenarios_for(suite.target)
+    )
     for name in options.scenarios:
         if name not in available:
             raise UsageError(
@@ -112,6 +119,8 @@ def run_campaign(
             )
     scenarios = options.scenarios or available
     tally = Tally(suite.target.label, options.workers, scenarios)
+    if suite.lane == "runner":
+        tally.properties = len(RUNNER_LANE_PROPERTIES)
     tally.duration = options.duration
     messages: Any = processes.SPAWN.Queue()
     stop = processes.SPAWN.Event()
@@ -160,6 +169,29 @@ def run_campaign(
         except queues.Empty:
             break
     return tally
+
+
+def _refuse_for_runner_lane(options: CampaignOptions) -> None:
+    """Refuse, before any worker starts, what the runner lane cannot fuzz: a
+    sync-lane option, or a release the lane does not drive (one line)."""
+    from dpsim.lanes.runner.commands import refuse_unmodelled, refuse_unsupported
+    from dpsim.targets import parse_target
+
+    suite = options.suite
+    for given, flag in (
+        (options.scenarios, "--scenario"),
+        (suite.target, "--target"),
+        (suite.caller_file, "--caller-file"),
+        (suite.profile != "caller", "--profile"),
+    ):
+        if given:
+            raise UsageError(f"fuzz --lane runner: {flag} is the sync lane's")
+    suite.validate()
+    refuse_unsupported(parse_target(suite.vllm, runner="v2"))
+    if suite.policy:
+        from dpsim.capture.policy_files import load_policy
+
+        refuse_unmodelled(load_policy(Path(suite.policy)), "--policy")
 
 
 def _coordinate(

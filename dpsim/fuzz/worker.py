@@ -1,7 +1,8 @@
 """One fuzzing worker: the suite's own Hypothesis tests, run again and again.
 
 Each round runs one scenario's test (the very function pytest runs, under the
-same database key) for a batch of examples with a fresh random seed, so every
+same database key; under ``--lane runner`` the runner lane's one test,
+``runner-lane``, as ``pytest --dpsim-lane runner`` runs it) for a batch of examples with a fresh random seed, so every
 round replays the shared database first and then explores new cases. A
 scenario that fails is done for this campaign, as a failing test is done for
 HypoFuzz: replaying a known failure forever would find nothing new.
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
 from dpsim.database import open_database
+from dpsim.lanes.runner.suite import runner_lane_test
 from dpsim.properties import Verdict
 from dpsim.suite.build import PropertyFailed, scenario_test
 from dpsim.suite.config import SuiteConfig, SuiteOptions, resolve
@@ -112,12 +114,18 @@ def _round(
         # interleave N workers' output with the status line.
         verbosity=Verbosity.quiet,
     )
-    test = scenario_test(
-        scenario,
-        config,
-        lambda: suite,
-        plan.suite.database_key(scenario),
-        observe=observe,
+    test = (
+        runner_lane_test(
+            config, lambda: suite, plan.suite.database_key(scenario), observe=observe
+        )
+        if suite.lane == "runner"
+        else scenario_test(
+            scenario,
+            config,
+            lambda: suite,
+            plan.suite.database_key(scenario),
+            observe=observe,
+        )
     )
     try:
         test()

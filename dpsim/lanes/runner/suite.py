@@ -17,12 +17,16 @@ from hypothesis.control import current_build_context
 
 from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
 from dpsim.scenarios.generate import seeded_draws_only
-from dpsim.suite.build import PropertyFailed
+from dpsim.suite.build import Observer, PropertyFailed
 from dpsim.suite.config import SUITE_TEST, SuiteConfig
 
 from .case import RunnerCaseFile
 from .check import runner_cases
 from .run import run_runner_case
+
+#: The runner lane's one test, as ``dpsim fuzz`` names it beside the
+#: scenarios, and the suite's database key names it.
+RUNNER_LANE_TEST = "runner-lane"
 
 
 def runner_lane_test(
@@ -30,8 +34,14 @@ def runner_lane_test(
     suite: Callable[[], SuiteConfig],
     key: bytes,
     *,
-    on_failure: Callable[[PropertyFailed], None],
+    on_failure: Callable[[PropertyFailed], None] | None = None,
+    observe: Observer | None = None,
 ) -> Callable[..., None]:
+    """The test; ``on_failure`` turns a PropertyFailed into the runner's own
+    failure (without it the exception propagates, as ``dpsim fuzz`` wants),
+    ``observe`` is told each case's verdicts under the name ``runner-lane``
+    (``dpsim fuzz`` counts cases and stops between them with it)."""
+
     @config
     @given(data=st.data())
     def test(data: st.DataObject) -> None:
@@ -50,6 +60,8 @@ def runner_lane_test(
         run = run_runner_case(configured.target, case)
         properties = tuple(RUNNER_LANE_PROPERTIES.values())
         verdicts = tuple(judge(case, run.result, properties))
+        if observe is not None:
+            observe(RUNNER_LANE_TEST, verdicts)
         if not verdicts:
             return
         if not current_build_context().is_final:
@@ -70,6 +82,8 @@ def runner_lane_test(
             verdicts,
             written,
         )
+        if on_failure is None:
+            raise failure
         on_failure(failure)
 
     test._hypothesis_internal_database_key = key  # type: ignore[attr-defined]
