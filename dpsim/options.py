@@ -86,12 +86,3 @@ def check_lane(
             f"{command} {flags}: the runner lane drives the V2 "
             "model runner only (the V1 runner's lane is issue 17)"
         )
-
-
-def refuse_lane(lane: str, command: str) -> None:
-    """For commands not wired to the runner lane yet: refuse it in one line."""
-    if lane != "sync":
-        raise UsageError(
-            f"{command} --lane {lane}: not wired to the runner lane yet; "
-            "check, replay, versions, targets, bench and the pytest plugin run it"
-        )

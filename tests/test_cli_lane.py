@@ -64,7 +64,10 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
             ["fuzz", "--lane", "runner", "--scenario", "step"],
             "fuzz --lane runner: --scenario is the sync lane's",
         ),
-        (["mutate", "--lane", "runner"], "mutate --lane runner: not wired"),
+        (
+            ["mutate", "--lane", "runner", "--target", "x.py"],
+            "mutate --lane runner: --target is the sync lane's",
+        ),
     ],
     ids=lambda value: " ".join(value) if isinstance(value, list) else "",
 )

@@ -19,6 +19,7 @@ from dpsim.cli import check_output_directory
 from dpsim.cli.check import add_target_arguments
 from dpsim.errors import UsageError
 from dpsim.isolation import run_isolated
+from dpsim.lanes.runner.check import DEFAULT_RUNNER_EXAMPLES, DEFAULT_RUNNER_RANKS
 from dpsim.mutate import (
     DEFAULT_EXAMPLES,
     DEFAULT_SECONDS,
@@ -33,9 +34,19 @@ from dpsim.mutate import (
     write,
 )
 from dpsim.mutate.files import SLOTS, mutated_file
-from dpsim.options import add_lane_argument, parse_ranks, refuse_lane
+from dpsim.mutate.runner import (
+    DEFAULT_RUNNER_LIMIT,
+    DEFAULT_RUNNER_SLOT,
+    RUNNER_SLOTS,
+    runner_mutated_file,
+    runner_target,
+)
+from dpsim.options import add_lane_argument, check_lane, parse_ranks
 from dpsim.records.case import PROFILES
-from dpsim.targets import DEFAULT_RELEASE, load_target
+from dpsim.records.policy import CapturePolicy
+from dpsim.targets import DEFAULT_RELEASE, load_target, parse_target
+
+RUNNER_FILES = "\n".join(f"  {name:<13}{what}" for name, what in RUNNER_SLOTS.items())
 
 HELP = "mutation testing: plant small bugs in the sync and count those caught"
 EPILOG = f"""\
@@ -49,6 +60,15 @@ With --runner v1 the sync is V1's coordinate_batch_across_dp; --file caller
 mutates V1's caller instead: gpu_model_runner.py, inside
 GPUModelRunner._determine_batch_execution_and_padding only (vLLM 0.12+).
 
+--lane runner mutates a file the runner lane runs, only in the methods it
+rebuilds from it (`dpsim targets --lane runner` lists them), and judges each
+mutant by `dpsim check --lane runner`'s search (DP sizes 2..4, {DEFAULT_RUNNER_EXAMPLES}
+cases by default). --file (default {DEFAULT_RUNNER_SLOT}):
+{RUNNER_FILES}
+A mutant the lane cannot drive is *refused*: listed, neither killed nor
+scored. Properties the original breaks under the same budget are not judged
+(--policy fixes a capture policy, as check --lane runner --policy does).
+
 examples:
   dpsim mutate                                 newest release ({DEFAULT_RELEASE})
   dpsim mutate --target ./dp_utils.py --vllm 0.29.0 --workers 2
@@ -57,6 +77,7 @@ examples:
   dpsim mutate --vllm 0.33.0 --list            the mutants, not checked
   dpsim mutate --vllm 0.33.0 --runner v1       V1's coordinate_batch_across_dp
   dpsim mutate --vllm 0.33.0 --runner v1 --file caller
+  dpsim mutate --lane runner --vllm 0.33.0 --file core --limit 20 --seconds 120
 """
 
 
@@ -71,10 +92,10 @@ def register(commands: Any) -> None:
     add_target_arguments(parser)
     parser.add_argument(
         "--file",
-        choices=SLOTS,
-        default="sync",
+        choices=(*SLOTS, *RUNNER_SLOTS),
         help="what to mutate: the runner's sync (dp_utils.py; default) or, "
-        "V1 only, the caller method in gpu_model_runner.py",
+        "V1 only, the caller method in gpu_model_runner.py; under --lane "
+        f"runner one of {', '.join(RUNNER_SLOTS)} (default {DEFAULT_RUNNER_SLOT})",
     )
     parser.add_argument(
         "--operators",
@@ -86,9 +107,9 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--examples",
         type=int,
-        default=DEFAULT_EXAMPLES,
         metavar="N",
-        help=f"cases per scenario and profile (default {DEFAULT_EXAMPLES})",
+        help=f"cases per scenario and profile (default {DEFAULT_EXAMPLES}; "
+        f"per mutant under --lane runner, default {DEFAULT_RUNNER_EXAMPLES})",
     )
     parser.add_argument(
         "--workers",
@@ -98,7 +119,11 @@ def register(commands: Any) -> None:
         help="worker processes (default: one per core; 0 = in this process)",
     )
     parser.add_argument(
-        "--limit", type=int, metavar="N", help="check a seeded sample of N mutants"
+        "--limit",
+        type=int,
+        metavar="N",
+        help="check a seeded sample of N mutants (--lane runner: "
+        f"{DEFAULT_RUNNER_LIMIT} unless --limit or --mutant is given)",
     )
     parser.add_argument(
         "--mutant",
@@ -109,7 +134,16 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, metavar="N")
     parser.add_argument(
-        "--ranks", default="1..16", metavar="LO..HI", help="DP sizes to try (or one N)"
+        "--ranks",
+        metavar="LO..HI",
+        help="DP sizes to try (or one N; default 1..16, the runner lane's "
+        "{}..{})".format(*DEFAULT_RUNNER_RANKS),
+    )
+    parser.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="--lane runner: fix the capture policy (JSON/TOML), fitted to "
+        "each engine drawn",
     )
     parser.add_argument(
         "--profile",
@@ -150,7 +184,17 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    refuse_lane(arguments.lane, "mutate")
+    runner_lane = arguments.lane == "runner"
+    if runner_lane:
+        _refuse_for_runner_lane(arguments)
+    else:
+        if arguments.file in RUNNER_SLOTS:
+            raise UsageError(
+                f"--file {arguments.file}: a runner-lane file (--lane runner)"
+            )
+        if arguments.policy:
+            raise UsageError("mutate --policy: the runner lane's (--lane runner)")
+    arguments.file = arguments.file or (DEFAULT_RUNNER_SLOT if runner_lane else "sync")
     if arguments.out:
         check_output_directory(Path(arguments.out), "--out")
     operators = select_operators(
@@ -163,11 +207,16 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.list:
         work = functools.partial(_list, arguments, operators)
     else:
+        ranks = arguments.ranks or ("2..4" if runner_lane else "1..16")
         budget = Budget(
-            examples=arguments.examples,
+            examples=(DEFAULT_RUNNER_EXAMPLES if runner_lane else DEFAULT_EXAMPLES)
+            if arguments.examples is None
+            else arguments.examples,
             seed=arguments.seed,
-            ranks=parse_ranks(arguments.ranks),
-            profiles=tuple(dict.fromkeys(arguments.profile)) or PROFILES,
+            ranks=parse_ranks(ranks),
+            profiles=()
+            if runner_lane
+            else tuple(dict.fromkeys(arguments.profile)) or PROFILES,
             seconds=arguments.seconds,
         )
         work = functools.partial(_mutate, arguments, operators, budget)
@@ -192,10 +241,12 @@ def _mutate(
             operators=operators,
             budget=budget,
             workers=arguments.workers,
-            limit=arguments.limit,
+            limit=_limit(arguments),
             only=tuple(arguments.mutant),
             equivalent_lists=tuple(Path(path) for path in arguments.equivalent),
             progress=progress,
+            lane=arguments.lane,
+            policy=_policy(arguments),
         )
     finally:
         if progress is not None:
@@ -213,14 +264,62 @@ def _mutate(
     return 1 if report.survived else 0
 
 
+def _refuse_for_runner_lane(arguments: argparse.Namespace) -> None:
+    """One line for what ``--lane runner`` cannot be combined with, before
+    anything is fetched or run."""
+    from dpsim.lanes.runner.commands import refuse_unsupported
+
+    check_lane("runner", arguments.runner, "mutate")
+    for given, flag in (
+        (arguments.target, "--target"),
+        (arguments.caller_file, "--caller-file"),
+        (arguments.profile, "--profile"),
+    ):
+        if given:
+            raise UsageError(f"mutate --lane runner: {flag} is the sync lane's")
+    if arguments.file is not None and arguments.file not in RUNNER_SLOTS:
+        raise UsageError(
+            f"mutate --lane runner: --file {arguments.file} is the sync lane's; "
+            f"expected one of {', '.join(RUNNER_SLOTS)}"
+        )
+    if arguments.examples is not None and arguments.examples < 1:
+        raise UsageError("--examples must be at least 1")
+    refuse_unsupported(parse_target(arguments.vllm, runner="v2"))
+
+
+def _limit(arguments: argparse.Namespace) -> int | None:
+    """The sample size: the runner lane's default keeps a run to minutes
+    (its files have hundreds of mutants at seconds each)."""
+    if arguments.limit is not None or arguments.mutant or arguments.lane != "runner":
+        return arguments.limit
+    return DEFAULT_RUNNER_LIMIT
+
+
+def _policy(arguments: argparse.Namespace) -> CapturePolicy | None:
+    """``--policy``'s capture policy (runner lane only), refused in one line
+    when the runner lane does not model it."""
+    if not arguments.policy:
+        return None
+    from dpsim.capture.policy_files import load_policy
+    from dpsim.lanes.runner.commands import refuse_unmodelled
+
+    policy = load_policy(Path(arguments.policy))
+    refuse_unmodelled(policy, "--policy")
+    return policy
+
+
 def _list(arguments: argparse.Namespace, operators: tuple[str, ...]) -> int:
-    target = load_target(
-        arguments.vllm,
-        arguments.target,
-        runner=arguments.runner,
-        caller_file=arguments.caller_file,
-    )
-    mutated = mutated_file(target, arguments.file)
+    if arguments.lane == "runner":
+        target = runner_target(arguments.vllm)
+        mutated, _ = runner_mutated_file(target, arguments.file)
+    else:
+        target = load_target(
+            arguments.vllm,
+            arguments.target,
+            runner=arguments.runner,
+            caller_file=arguments.caller_file,
+        )
+        mutated = mutated_file(target, arguments.file)
     original = mutated.text
     mutants = generate(original, operators, mutated.functions)
     if arguments.json:

@@ -50,8 +50,21 @@ class MutatedFile:
         return diff_name(self.slot)
 
 
+#: The file a runner-lane slot (:data:`dpsim.mutate.runner.RUNNER_SLOTS`)
+#: names, as diffs name it.
+_RUNNER_DIFF_NAMES = {
+    "core": "core.py",
+    "model_runner": "model_runner.py",
+    "speculator": "speculator.py",
+    "draft": "speculator.py",
+    "parallel": "parallel.py",
+}
+
+
 def diff_name(slot: str) -> str:
     """The vLLM file a mutant of ``slot`` replaces, as diffs name it."""
+    if slot in _RUNNER_DIFF_NAMES:
+        return _RUNNER_DIFF_NAMES[slot]
     return "gpu_model_runner.py" if slot == "caller" else "dp_utils.py"
 
 

@@ -29,6 +29,7 @@ def summary(report: MutationReport) -> dict[str, Any]:
         "file": report.file,
         "sha256": report.sha256,
         "runner": report.plan.runner,
+        "lane": report.plan.lane,
         # What was mutated: the runner's sync or (V1) the caller method.
         "slot": report.plan.slot,
         "operators": list(report.operators),
@@ -64,6 +65,7 @@ def summary(report: MutationReport) -> dict[str, Any]:
         "killed": len(report.killed),
         "survived": len(report.survived),
         "timeouts": len(report.timeouts),
+        "refused": len(report.refused),
         "score": None if report.score is None else round(report.score, 4),
         "kill_seconds": {
             key: None if value is None else round(value, 3)
@@ -113,6 +115,12 @@ def render(report: MutationReport) -> str:
         + f" (the original ran them in {report.plan.baseline_seconds:.1f}s)",
     ]
     for item in report.plan.inherited:
+        if report.plan.lane == "runner":
+            lines.append(
+                f"not judged on mutants: the original already breaks "
+                f"{item.property} ({item.message})"
+            )
+            continue
         lines.append(
             f"judged against the original in {item.scenario}/{item.profile}: "
             f"it already breaks {item.property} ({item.message})"
@@ -156,6 +164,14 @@ def render(report: MutationReport) -> str:
         lines.append("")
     for result in report.timeouts:
         lines.append(f"timeout: {result.mutant.id}  {result.outcome.message}")
+    if report.refused:
+        lines.append(
+            "refused by the runner lane (no verdict, not scored: a stand-in was "
+            "asked what it does not know, or a class could not be rebuilt):"
+        )
+        for result in report.refused:
+            lines.append(f"  {result.mutant.id}  {result.outcome.message}")
+        lines.append("")
     if report.equivalent:
         lines.append("equivalent (reviewed, not scored):")
         for result in report.equivalent:
@@ -175,7 +191,9 @@ def render(report: MutationReport) -> str:
         f"score: {_percent(report.score)} ({len(report.killed)} of "
         f"{len(report.scored)} non-equivalent mutants killed; "
         f"{len(report.survived)} survived, {len(report.timeouts)} timed out, "
-        f"{len(report.equivalent)} equivalent) in {report.seconds:.1f}s",
+        f"{len(report.equivalent)} equivalent"
+        + (f", {len(report.refused)} refused" if report.refused else "")
+        + f") in {report.seconds:.1f}s",
     ]
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from dpsim.check import DEFAULT_EXAMPLES as CHECK_EXAMPLES
 from dpsim.check import CheckOptions, run_check
@@ -29,12 +30,18 @@ from dpsim.scenarios.generate import DEFAULT_RANKS, scenarios_for
 from dpsim.targets import load_target
 from dpsim.targets.load import Target
 
+if TYPE_CHECKING:
+    from dpsim.mutate.runner import RunnerPlan
+
 #: A mutant gets the budget ``dpsim check`` gives a target: the score says
 #: what a default check would catch.
 DEFAULT_EXAMPLES = CHECK_EXAMPLES
 DEFAULT_SECONDS = 60.0
 
 KILLED, SURVIVED, TIMEOUT = "killed", "survived", "timeout"
+#: The runner lane could not drive the mutant (a stand-in was asked what it
+#: does not know): no verdict, so neither killed nor scored.
+REFUSED = "refused"
 #: Killers that are not properties: the loader refused the mutant, dpsim itself
 #: raised on it, or the worker process died.
 LOAD, HARNESS, WORKER = "load", "harness", "worker"
@@ -98,6 +105,9 @@ class Plan:
     #: mutant replaces the one its slot names and keeps the other.
     sync_file: str | None = None
     caller_file: str | None = None
+    #: Which lane judges the mutants (a runner-lane plan is
+    #: :class:`dpsim.mutate.runner.RunnerPlan`).
+    lane: str = "sync"
 
     def load(self, path: str) -> Target:
         """The target with ``path`` in this plan's slot."""
@@ -114,7 +124,7 @@ class Plan:
 class Job:
     mutant_id: str
     path: str
-    plan: Plan
+    plan: Plan | RunnerPlan
 
 
 @dataclass(frozen=True)
@@ -226,28 +236,34 @@ def check_mutant(job: Job) -> MutantOutcome:
     its examples (and each case by the simulator's step budget); a worker
     that still overruns is the pool's to stop.
     """
+    if job.plan.lane == "runner":
+        from dpsim.mutate.runner import check_runner_mutant
+
+        return check_runner_mutant(job)
+    plan = job.plan
+    assert isinstance(plan, Plan)
     started = time.perf_counter()
 
     def elapsed() -> float:
         return time.perf_counter() - started
 
     try:
-        target = job.plan.load(job.path)
+        target = plan.load(job.path)
     except Exception as error:
         message = f"{type(error).__name__}: {error}"
         return MutantOutcome(
             job.mutant_id, KILLED, LOAD, message=message, seconds=elapsed()
         )
-    for leg in job.plan.legs:
+    for leg in plan.legs:
         leg_started = elapsed()
-        if leg_started > job.plan.budget.seconds:
-            cap = f"wall-clock cap of {job.plan.budget.seconds:g}s reached"
+        if leg_started > plan.budget.seconds:
+            cap = f"wall-clock cap of {plan.budget.seconds:g}s reached"
             return MutantOutcome(
                 job.mutant_id, SURVIVED, message=cap, elapsed=leg_started
             )
         try:
-            original = _load_original(job.plan) if leg.relative else None
-            run = run_check(target, _options(leg, job.plan.budget, original)).runs[0]
+            original = _load_original(plan) if leg.relative else None
+            run = run_check(target, _options(leg, plan.budget, original)).runs[0]
         except Exception as error:
             # dpsim itself tripped over what the mutant returned: any check
             # run on this file fails, so the mutant does not go unnoticed.

@@ -24,6 +24,7 @@ from dpsim.mutate.mutants import Mutant, generate, select_operators
 from dpsim.mutate.pool import run_jobs
 from dpsim.mutate.run import (
     KILLED,
+    REFUSED,
     SURVIVED,
     TIMEOUT,
     Budget,
@@ -33,6 +34,13 @@ from dpsim.mutate.run import (
     baseline,
     check_mutant,
 )
+from dpsim.mutate.runner import (
+    RunnerPlan,
+    runner_baseline,
+    runner_mutated_file,
+    runner_target,
+)
+from dpsim.records.policy import CapturePolicy
 from dpsim.targets import load_target
 
 #: Called as ``progress(done, planned, outcome)`` after each mutant.
@@ -54,7 +62,7 @@ class MutationReport:
     file: str
     sha256: str
     original: str
-    plan: Plan
+    plan: Plan | RunnerPlan
     operators: tuple[str, ...]
     #: Mutants generated before --limit.
     generated: int
@@ -68,7 +76,21 @@ class MutationReport:
 
     @property
     def scored(self) -> tuple[Result, ...]:
-        return tuple(r for r in self.results if r.equivalent is None)
+        """Neither listed as equivalent nor refused by the lane."""
+        return tuple(
+            r
+            for r in self.results
+            if r.equivalent is None and r.outcome.status != REFUSED
+        )
+
+    @property
+    def refused(self) -> tuple[Result, ...]:
+        """Mutants the runner lane could not drive: no verdict, not scored."""
+        return tuple(
+            r
+            for r in self.results
+            if r.equivalent is None and r.outcome.status == REFUSED
+        )
 
     @property
     def killed(self) -> tuple[Result, ...]:
@@ -126,6 +148,8 @@ def mutate(
     only: tuple[str, ...] = (),
     equivalent_lists: tuple[Path, ...] = (),
     progress: Progress | None = None,
+    lane: str = "sync",
+    policy: CapturePolicy | None = None,
 ) -> MutationReport:
     """Mutate the target's sync file (``slot`` ``sync``: its runner's
     dp_utils.py) or V1's caller method (``caller``: in gpu_model_runner.py,
@@ -134,6 +158,11 @@ def mutate(
     ``only`` keeps the mutants with those ids (re-checking survivors after a
     fix). ``workers`` 0 checks in this process (no hard time limit: for tests and
     debugging); N >= 1 uses N worker processes.
+
+    ``lane`` ``runner`` mutates a file the runner lane runs (``slot`` one of
+    :data:`~dpsim.mutate.runner.RUNNER_SLOTS`), each mutant judged by the
+    runner lane's check (``policy``: its fixed capture policy); see
+    :mod:`dpsim.mutate.runner`.
     """
     budget = budget or Budget()
     if workers < 0:
@@ -144,8 +173,13 @@ def mutate(
         raise UsageError("--examples must be at least 1")
     started = time.perf_counter()
     chosen = select_operators(operators)
-    target = load_target(vllm, target_file, runner=runner, caller_file=caller_file)
-    mutated = mutated_file(target, slot)
+    relative = ""
+    if lane == "runner":
+        target = runner_target(vllm)
+        mutated, relative = runner_mutated_file(target, slot)
+    else:
+        target = load_target(vllm, target_file, runner=runner, caller_file=caller_file)
+        mutated = mutated_file(target, slot)
     original = mutated.text
     mutants = generate(original, chosen, mutated.functions)
     generated = len(mutants)
@@ -163,19 +197,25 @@ def mutate(
         picked = sorted(random.Random(budget.seed).sample(range(generated), limit))
         mutants = tuple(mutants[index] for index in picked)
     listed = equivalent.for_file(mutated.sha256, equivalent_lists)
-    # Each mutant replaces that file on the same base the original ran on.
-    plan = baseline(
-        target,
-        mutated.path,
-        vllm,
-        budget,
-        runner=target.runner,
-        slot=slot,
-        sync_file=None if target_file is None else str(target_file),
-        caller_file=None if caller_file is None else str(caller_file),
-    )
     outcomes: dict[str, MutantOutcome] = {}
     with tempfile.TemporaryDirectory(prefix="dpsim-mutants-") as directory:
+        # Each mutant replaces that file on the same base the original ran on.
+        plan: Plan | RunnerPlan
+        if lane == "runner":
+            plan = runner_baseline(
+                vllm, target, mutated, relative, budget, policy, Path(directory)
+            )
+        else:
+            plan = baseline(
+                target,
+                mutated.path,
+                vllm,
+                budget,
+                runner=target.runner,
+                slot=slot,
+                sync_file=None if target_file is None else str(target_file),
+                caller_file=None if caller_file is None else str(caller_file),
+            )
         jobs = []
         for index, mutant in enumerate(mutants):
             path = Path(directory) / f"m{index:04d}_{mutated.name}"

@@ -39,6 +39,7 @@ from dpsim.targets.load import Target
 
 from .case import RunnerCase
 from .check import runner_cases
+from .extract import Origin
 from .run import run_runner_case, sources_for
 from .stream import EngineOptions, RankStream, RequestScript
 from .where import FunctionCoverage, LineCoverage, is_vllm_file
@@ -94,6 +95,16 @@ def coverage_cases() -> tuple[tuple[str, RunnerCase], ...]:
 
 def _codes(target: Target) -> list[CodeType]:
     """Every function of every class the lane rebuilds for ``target``."""
+    codes: list[CodeType] = []
+    for origin in lane_origins(target):
+        codes.extend(origin.codes())
+    return codes
+
+
+def lane_origins(target: Target) -> list[Origin]:
+    """Where every class the lane rebuilds for ``target`` came from (file,
+    class, the methods kept): what it runs of the release for real, which
+    ``dpsim mutate --lane runner`` mutates."""
     from .engine import engine_classes
     from .model_runner import runner_kit
     from .speculators import speculator_classes
@@ -113,10 +124,7 @@ def _codes(target: Target) -> list[CodeType]:
             if origin is not None and id(origin) not in seen:
                 seen.add(id(origin))
                 origins.append(origin)
-    codes: list[CodeType] = []
-    for origin in origins:
-        codes.extend(origin.codes())
-    return codes
+    return origins
 
 
 def lane_coverage(target: Target) -> Coverage:
