@@ -34,6 +34,7 @@ from dpsim.mutate import (
     write,
 )
 from dpsim.mutate.files import SLOTS, mutated_file
+from dpsim.mutate.run import REFUSED
 from dpsim.mutate.runner import (
     DEFAULT_RUNNER_LIMIT,
     DEFAULT_RUNNER_SLOT,
@@ -352,13 +353,18 @@ class _Progress:
 
     def __init__(self) -> None:
         self.killed = 0
+        self.refused = 0
         self.drawn = False
 
     def __call__(self, done: int, planned: int, outcome: MutantOutcome) -> None:
         self.killed += outcome.killed
+        # The runner lane's no-verdict: neither killed nor survived.
+        self.refused += outcome.status == REFUSED
         line = f"mutants {done}/{planned} · killed {self.killed} · " + (
-            f"survived {done - self.killed}"
+            f"survived {done - self.killed - self.refused}"
         )
+        if self.refused:
+            line += f" · refused {self.refused}"
         sys.stderr.write("\r" + line.ljust(60))
         sys.stderr.flush()
         self.drawn = True

@@ -4,7 +4,10 @@ A passing property suite says nothing about the bugs it would miss. This
 package plants one small, plausible bug at a time in a target's real
 ``dp_utils.py`` (generated at run time, never stored), checks each mutant the
 way ``dpsim check`` does, and reports the share caught, how fast, by which
-property, and every survivor as a diff to review.
+property, and every survivor as a diff to review. Under ``--lane runner`` the
+mutated file is one the runner lane runs (engine loop, model runner,
+speculators) and the judge is the runner lane's check: see
+:mod:`dpsim.mutate.runner`.
 
 Why a small AST engine and not cosmic-ray or mutmut: both run a test command
 per mutant against an importable package (a subprocess with a fresh torch
