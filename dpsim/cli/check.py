@@ -28,7 +28,6 @@ from dpsim.check import (
     run_check,
 )
 from dpsim.cli import add_command, check_output_directory
-from dpsim.cli.progress import StatusLine
 from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
@@ -41,6 +40,7 @@ from dpsim.options import (
     check_lane,
     parse_ranks,
 )
+from dpsim.progress import StatusLine
 from dpsim.properties import (
     ALL_PROPERTY_NAMES,
     PROPERTY_NAMES,

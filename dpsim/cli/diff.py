@@ -18,12 +18,12 @@ from dpsim.capture.policy_files import load_policy
 from dpsim.check import DEFAULT_EXAMPLES
 from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import add_case_arguments
-from dpsim.cli.progress import StatusLine
 from dpsim.diff import KINDS, DiffOptions, Sides, parse_sides, run_diff
 from dpsim.diff.report import exit_status, render, summary, write_case_files
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.options import RUNNER_HELP, RUNNERS, parse_ranks
+from dpsim.progress import StatusLine
 from dpsim.targets import load_spec
 
 HELP = "run the same generated cases on two targets and report what changed"

@@ -13,7 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dpsim import allowances, cex
 from dpsim.cli import add_command
@@ -40,13 +40,11 @@ from dpsim.replay import (
     run_lane,
 )
 from dpsim.replay.lane import DEFAULT_TIMEOUT_S
-from dpsim.report import render_case_run, table
+from dpsim.replay.render import lane_summary, render_processes
+from dpsim.report import render_case_run
 from dpsim.targets.buildable import rules_of
 from dpsim.targets.load import Target
 from dpsim.terminal import printable
-
-if TYPE_CHECKING:
-    from dpsim.lanes.runner.processes import RunnerLaneRun
 
 HELP = "rerun a counterexample file (simulated, or on real gloo/NCCL processes)"
 EPILOG = """\
@@ -280,51 +278,6 @@ def _render_lane(lane: LaneRun, differences: tuple[str, ...]) -> list[str]:
     ]
 
 
-def render_processes(
-    lane: LaneRun | RunnerLaneRun, differences: tuple[str, ...]
-) -> list[str]:
-    """How a real lane's processes ended, and whether it agrees with the
-    simulator (both lanes' real runs: the sync lane's and the runner lane's)."""
-    lines = ["processes:"]
-    rows = [
-        (
-            str(end.rank),
-            str(end.pid),
-            _exit(end.exitcode),
-            end.reaped,
-            end.backend_error or "",
-        )
-        for end in lane.ends
-    ]
-    lines.extend(
-        "  " + line
-        for line in table(
-            ("rank", "pid", "exit", "reaped", "backend said"), rows
-        ).splitlines()
-    )
-    lines.append(
-        f"  start-up {lane.startup_s:.1f}s, run {lane.run_s:.1f}s"
-        + (
-            ", watchdog fired (no progress within the timeout)"
-            if lane.watchdog_fired
-            else ""
-        )
-    )
-    lines.append("")
-    if differences:
-        lines.append("DPSIM BUG: the real lane disagrees with the simulator:")
-        lines.extend(f"  {printable(line)}" for line in differences)
-    else:
-        lines.append("the real lane agrees with the simulator")
-    return lines
-
-
-def _exit(code: int | None) -> str:
-    if code is None:
-        return "?"
-    return f"signal {-code}" if code < 0 else str(code)
-
-
 def _summary(replayed: Replayed) -> dict[str, Any]:
     counterexample, rerun, lane = replayed.counterexample, replayed.rerun, replayed.lane
     summary: dict[str, Any] = {
@@ -343,28 +296,3 @@ def _summary(replayed: Replayed) -> dict[str, Any]:
     if lane is not None:
         summary["lane"] = lane_summary(lane, replayed.differences)
     return summary
-
-
-def lane_summary(
-    lane: LaneRun | RunnerLaneRun, differences: tuple[str, ...]
-) -> dict[str, Any]:
-    """A real lane's run in ``replay --json``'s summary (both lanes')."""
-    return {
-        "verdict": "pass" if lane.holds else "fail",
-        "outcome": lane.result.outcome.value,
-        "verdicts": [verdict.to_dict() for verdict in lane.verdicts],
-        "ranks": [
-            {
-                "rank": end.rank,
-                "state": trace.state.value,
-                "exit": end.exitcode,
-                "reaped": end.reaped,
-                "backend_error": end.backend_error,
-            }
-            for end, trace in zip(lane.ends, lane.result.ranks, strict=True)
-        ],
-        "watchdog_fired": lane.watchdog_fired,
-        "startup_s": round(lane.startup_s, 3),
-        "run_s": round(lane.run_s, 3),
-        "disagreements": list(differences),
-    }

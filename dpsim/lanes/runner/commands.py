@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import dpsim
-from dpsim.cli.progress import StatusLine
-from dpsim.cli.replay import lane_summary, render_processes
 from dpsim.errors import UsageError
 from dpsim.lanes.runner import case as runner_case
 from dpsim.lanes.runner.case import RunnerCase, RunnerCaseFile
@@ -48,6 +46,7 @@ from dpsim.lanes.runner.sources import (
     check_runner_lane_release,
 )
 from dpsim.options import parse_ranks
+from dpsim.progress import StatusLine
 from dpsim.properties import (
     NOT_FOR_RUNNER_LANE,
     Evidence,
@@ -57,6 +56,7 @@ from dpsim.properties import (
 )
 from dpsim.records.policy import CapturePolicy
 from dpsim.records.trace import SimResult
+from dpsim.replay.render import lane_summary, render_processes
 from dpsim.report import describe_policy, phase_table
 from dpsim.sim.render import render_table
 from dpsim.targets import TargetSpec, load_spec
