@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 _WIDTH = 100
 
@@ -22,11 +23,15 @@ class StatusLine:
         self.last = 0.0 if self.tty else time.monotonic()
         self.drawn = False
 
-    def show(self, line: str) -> None:
+    def show(self, line: str | Callable[[], str]) -> None:
+        """Draw ``line`` if one is due; a callable is asked only then, so a
+        caller whose line costs something to make may call this often."""
         now = time.monotonic()
         if now - self.last < self.every:
             return
         self.last = now
+        if callable(line):
+            line = line()
         if self.tty:
             sys.stderr.write("\r" + line[:_WIDTH].ljust(_WIDTH))
             self.drawn = True
@@ -34,7 +39,14 @@ class StatusLine:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
+    def announce(self, text: str) -> None:
+        """A line that stays (an event, not progress), written at once."""
+        self.close()
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
     def close(self) -> None:
         if self.drawn:
             sys.stderr.write("\r" + " " * _WIDTH + "\r")
             sys.stderr.flush()
+            self.drawn = False

@@ -12,10 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from dpsim.cli import add_command, check_output_directory
 from dpsim.cli.check import (
@@ -29,6 +27,7 @@ from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
 from dpsim.isolation import EXIT_INTERRUPTED
 from dpsim.lanes.runner.check import DEFAULT_RUNNER_RANKS
 from dpsim.options import add_lane_argument, check_lane
+from dpsim.progress import StatusLine
 from dpsim.suite.config import SuiteOptions
 
 #: DP sizes per lane when --ranks is not given (the runner lane runs whole
@@ -120,9 +119,13 @@ def run(arguments: argparse.Namespace) -> int:
         batch=max(1, arguments.batch),
         grace=DEFAULT_GRACE,
     )
-    status = StatusLine(sys.stderr)
+    status = StatusLine()
     try:
-        tally = run_campaign(options, status.announce, status.redraw)
+        tally = run_campaign(
+            options,
+            lambda text: status.announce(f"dpsim fuzz: {text}"),
+            lambda tally: status.show(lambda: status_text(tally)),
+        )
     finally:
         status.close()
     if arguments.json:
@@ -139,44 +142,6 @@ def verdict(tally: Tally) -> str:
     if tally.failures or tally.errors:
         return "fail"
     return "interrupted" if tally.stopping == "interrupted" else "pass"
-
-
-class StatusLine:
-    """One line redrawn in place on a terminal; elsewhere (CI logs) a line
-    every 30 seconds, so a long campaign still shows it is alive."""
-
-    def __init__(self, stream: IO[str]) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.every = 0.2 if self.tty else 30.0
-        self.last = time.monotonic()
-        self.drawn = False
-
-    def announce(self, text: str) -> None:
-        self._clear()
-        self.stream.write(f"dpsim fuzz: {text}\n")
-        self.stream.flush()
-
-    def redraw(self, tally: Tally) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = status_text(tally)
-        if self.tty:
-            self.stream.write("\r" + line[:160].ljust(160))
-            self.drawn = True
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self._clear()
-
-    def _clear(self) -> None:
-        if self.drawn:
-            self.stream.write("\r" + " " * 160 + "\r")
-            self.drawn = False
 
 
 def status_text(tally: Tally) -> str:
