@@ -18,7 +18,12 @@ import pytest
 
 from dpsim.errors import TargetError
 from dpsim.lanes.runner.case import RunnerCase
-from dpsim.lanes.runner.run import Builders, RunnerResult, run_runner_case
+from dpsim.lanes.runner.run import (
+    Builders,
+    RunnerResult,
+    run_runner_case,
+    step_budget_for,
+)
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import standin
 from dpsim.lanes.runner.where import register_file
@@ -210,6 +215,43 @@ def test_a_real_case_runs_end_to_end(
     assert judge(case, result, RUNNER_LANE_PROPERTIES.values()) == []
     # Byte for byte the same on a second run.
     assert run_runner_case(release(version), case).result.to_json() == result.to_json()
+
+
+def test_the_step_budget_grows_with_the_work_a_case_can_need() -> None:
+    small = _real_case()
+    longer = replace(
+        small,
+        streams=(RankStream((RequestScript("a", 0, 5, 300),)), RankStream()),
+    )
+    assert step_budget_for(longer) > step_budget_for(small)
+    slower = replace(small, options=replace(small.options, dp_sync_interval=500))
+    assert step_budget_for(slower) > step_budget_for(small)
+
+
+@pytest.mark.release
+def test_an_engine_whose_wave_never_ends_is_stopped_by_the_cases_budget(
+    release: Callable[[str], Any],
+    release_file: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    """The engine loop dropping its unfinished-requests vote (a mutant
+    ``dpsim mutate --lane runner`` makes) keeps every engine stepping dummy
+    batches forever: the case's own step budget stops it (a ``budget``
+    verdict), not the wall clock, and within that budget."""
+    import shutil
+
+    package = release_file("0.33.0", "v1/engine/core.py").parents[2]
+    tree = tmp_path / "vllm"
+    shutil.copytree(package, tree)
+    core = tree / "v1" / "engine" / "core.py"
+    text = core.read_text()
+    vote = "self.engines_running = self._has_global_unfinished_reqs("
+    assert text.count(vote) == 1
+    core.write_text(text.replace(vote, "self._has_global_unfinished_reqs("))
+    case = _real_case()
+    run = run_runner_case(release(str(tree)), case)
+    assert run.result.outcome == Outcome.BUDGET
+    assert max(trace.steps for trace in run.result.ranks) <= step_budget_for(case) + 1
 
 
 @pytest.mark.release

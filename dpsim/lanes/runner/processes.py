@@ -73,7 +73,7 @@ from .case import RunnerCase
 from .engine import coordinator_for
 from .rank_process import RunnerRankJob
 from .relay import PARKED, RankLink, serve
-from .run import RUNNER_STEP_BUDGET, sources_for
+from .run import sources_for, step_budget_for
 from .schedule import simulate_with_schedule
 
 #: The runner lane's groups, in the simulator's order (its defaults, then
@@ -157,7 +157,7 @@ def run_runner_lane(
                 run_dir=str(run_dir),
                 timeout_s=timeout_s,
                 startup_s=startup_s,
-                step_budget=RUNNER_STEP_BUDGET,
+                step_budget=step_budget_for(case),
                 parent_pid=os.getpid(),
                 relay_fd=theirs.fileno(),
                 looks=schedule.looks_of(rank),

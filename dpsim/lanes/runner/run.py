@@ -35,7 +35,6 @@ from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.trace import SimResult
 from dpsim.sim import simulate
 from dpsim.sim.mailbox import Mailbox, Quiescence
-from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET
 from dpsim.targets.load import Target
 from dpsim.targets.spec import TargetSpec
 from dpsim.terminal import printable
@@ -48,9 +47,40 @@ from .where import vllm_stack
 
 #: The mailbox an engine's input queue reads, as a parked rank's trace names it.
 INPUT_MAILBOX = "input queue"
-#: Ticks plus collectives a rank may take: a real engine loop with the shim's
-#: ticks in every vLLM loop takes far more than a scenario's program does.
-RUNNER_STEP_BUDGET = 50 * DEFAULT_STEP_BUDGET
+#: Steps (ticks plus collectives) a rank may take per engine-loop iteration
+#: the case can need, far above what the real loop takes: over 300 drawn
+#: 4-rank cases a whole run took at most 335 steps per rank on 0.33.0 and 717
+#: on 0.29.0 (whose engine steps until its fixed 32-step all-reduce).
+STEPS_PER_ITERATION = 100
+#: Iterations after the last work before a wave must have ended: every rank
+#: all-reduces its unfinished state at least every 32 steps (0.29's fixed
+#: interval; later releases' ``dp_sync_interval`` is checked too).
+WAVE_END_ITERATIONS = 32
+#: The least budget a rank gets, whatever its case: 14 times the most a
+#: drawn case's whole run took.
+MIN_STEP_BUDGET = 10_000
+
+
+def step_budget_for(case: RunnerCase) -> int:
+    """The steps a rank of ``case`` may take before it is stopped as spinning.
+
+    Scaled to the case, so a large hand-written stream is never cut short
+    while a loop that never ends (an engine whose wave never completes) is
+    stopped in seconds rather than minutes: one iteration per prompt token,
+    output token and KV-wait step of every request a rank serves (more than
+    the real loop needs: prompts are chunked), plus its last arrival and the
+    end of a wave.
+    """
+    wave_end = 2 * max(WAVE_END_ITERATIONS, case.options.dp_sync_interval)
+    iterations = max(
+        sum(
+            request.prompt_len + request.output_len + request.kv_wait
+            for request in stream.requests
+        )
+        + max((request.arrival for request in stream.requests), default=0)
+        for stream in case.streams
+    )
+    return MIN_STEP_BUDGET + STEPS_PER_ITERATION * (iterations + wave_end)
 
 
 @dataclass(frozen=True)
@@ -123,7 +153,7 @@ def run_runner_case(
     case: RunnerCase,
     *,
     builders: Builders | None = None,
-    step_budget: int = RUNNER_STEP_BUDGET,
+    step_budget: int | None = None,
 ) -> RunnerResult:
     """Simulate ``case`` on ``target`` through the release's real callers.
 
@@ -151,7 +181,7 @@ def run_runner_case(
                 programs,
                 ranks=dp_size,
                 groups={ENGINE_DP_GROUP: tuple(range(dp_size))},
-                step_budget=step_budget,
+                step_budget=step_budget or step_budget_for(case),
                 on_quiescent=on_quiescent,
             )
         except (TargetError, ModelGap) as refused:
