@@ -14,5 +14,13 @@ Layers, bottom up:
 * what drives them: ``stream``, ``scheduler`` (vLLM's Scheduler is MODELLED:
   what it schedules is what Hypothesis draws), ``generate``;
 * a run: ``case``, ``run``, ``syncs`` (each real DP sync recorded for the sync
-  lane's properties).
+  lane's properties), ``heap`` (the long-lived heap kept out of the
+  collector's walks between cases);
+* searching and showing: ``check`` (Hypothesis over runner cases), ``suite``
+  (the pytest plugin's and ``fuzz``'s test), ``report`` (``targets`` and
+  ``bench``), ``commands`` (the lane's side of ``check``, ``replay`` and
+  ``versions``);
+* real processes: ``processes`` (the parent), ``rank_process`` (one rank),
+  ``relay`` (their messages), ``schedule`` (the simulator's order of the
+  coordinator's messages, which the real run follows).
 """
