@@ -31,15 +31,36 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 #: Exit statuses the parent tells apart.
 EXIT_DONE, EXIT_SETUP = 0, 3
 _PR_SET_PDEATHSIG = 1
 
 
+class JobFile:
+    """A rank's job as a JSON file in the run directory, beside its log: the
+    parent writes it, the rank's process reads it back (both lanes' jobs)."""
+
+    rank: int
+    run_dir: str
+
+    def path(self, suffix: str) -> Path:
+        return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
+
+    def write(self) -> Path:
+        path = self.path("job.json")
+        path.write_text(json.dumps(asdict(self)))  # type: ignore[call-overload]
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        made: Self = cls(**json.loads(path.read_text()))
+        return made
+
+
 @dataclass(frozen=True)
-class RankJob:
+class RankJob(JobFile):
     rank: int
     ranks: int
     backend: str  # "gloo" or "nccl"
@@ -56,18 +77,6 @@ class RankJob:
     #: the file its caller method comes from.
     runner: str | None = None
     caller_file: str | None = None
-
-    def path(self, suffix: str) -> Path:
-        return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
-
-    def write(self) -> Path:
-        path = self.path("job.json")
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-    @classmethod
-    def load(cls, path: Path) -> RankJob:
-        return cls(**json.loads(path.read_text()))
 
 
 def main(argv: list[str]) -> None:

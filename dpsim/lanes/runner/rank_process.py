@@ -20,20 +20,25 @@ simulator leaves, and no ending: the rank is waiting.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from dpsim.replay.worker import EXIT_DONE, EXIT_SETUP, die_with_parent, linger
+from dpsim.replay.worker import (
+    EXIT_DONE,
+    EXIT_SETUP,
+    JobFile,
+    die_with_parent,
+    linger,
+)
 
 
 @dataclass(frozen=True)
-class RunnerRankJob:
+class RunnerRankJob(JobFile):
     """What one rank's process is told (a JSON file in the run directory)."""
 
     rank: int
@@ -54,18 +59,6 @@ class RunnerRankJob:
     #: The simulated rank's looks at its input queue (see
     #: :mod:`dpsim.lanes.runner.schedule`): this rank's looks follow them.
     looks: list[int]
-
-    def path(self, suffix: str) -> Path:
-        return Path(self.run_dir) / f"rank-{self.rank}.{suffix}"
-
-    def write(self) -> Path:
-        path = self.path("job.json")
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-    @classmethod
-    def load(cls, path: Path) -> RunnerRankJob:
-        return cls(**json.loads(path.read_text()))
 
 
 def main(argv: list[str]) -> None:
