@@ -361,7 +361,7 @@ class ModuleLoader:
         except SystemExit as error:
             raise _ended_loading(error, path) from None
         except Exception as error:
-            line = _innermost_line(error, str(path))
+            line = innermost_line(error, str(path))
             raise TargetError(
                 f"{path}{line}: executing it failed: {type(error).__name__}: {error}"
             ) from error
@@ -447,14 +447,16 @@ def _ended_loading(error: SystemExit, path: Path) -> TargetError:
     Not left to propagate: a ``SystemExit`` at import would end dpsim itself,
     with the file's exit status and no verdict.
     """
-    line = _innermost_line(error, str(path))
+    line = innermost_line(error, str(path))
     return TargetError(
         f"{path}{line}: raised SystemExit({error.code!r}) while loading: "
         "dpsim cannot run it"
     )
 
 
-def _innermost_line(error: BaseException, path: str) -> str:
+def innermost_line(error: BaseException, path: str) -> str:
+    """``":N"``, the innermost line of ``path`` in ``error``'s traceback (or
+    ``""``): where in a target's own file loading it failed."""
     line = ""
     trace = error.__traceback__
     while trace is not None:

@@ -44,7 +44,7 @@ from dpsim.errors import TargetError
 from dpsim.lanes.runner import where
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, gap
 from dpsim.targets.cut import StripAnnotations, Unsupplied, loaded_names, tick
-from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
+from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, innermost_line, parse_source
 
 
 @dataclass(frozen=True)
@@ -149,7 +149,7 @@ def real_class(
     except ModelGap:
         raise
     except Exception as error:
-        line = _innermost_line(error, str(path))
+        line = innermost_line(error, str(path))
         raise TargetError(
             f"runner lane: {owner}{line}: building {class_name} failed: "
             f"{type(error).__name__}: {error}"
@@ -265,13 +265,3 @@ def _nested_codes(code: CodeType) -> Iterator[CodeType]:
             if constant.co_flags & 0x2:  # CO_NEWLOCALS: a function, not a class body
                 yield constant
             yield from _nested_codes(constant)
-
-
-def _innermost_line(error: BaseException, path: str) -> str:
-    line = ""
-    trace = error.__traceback__
-    while trace is not None:
-        if trace.tb_frame.f_code.co_filename == path:
-            line = f":{trace.tb_lineno}"
-        trace = trace.tb_next
-    return line
