@@ -147,6 +147,23 @@ class MutantOutcome:
     def killed(self) -> bool:
         return self.status in (KILLED, TIMEOUT)
 
+    @classmethod
+    def harness_tripped(
+        cls, mutant_id: str, leg: Leg, error: Exception, elapsed: float
+    ) -> MutantOutcome:
+        """dpsim itself tripped over what the mutant did: any check run on
+        this file fails, so the mutant does not go unnoticed."""
+        return cls(
+            mutant_id,
+            KILLED,
+            HARNESS,
+            leg.scenario,
+            leg.profile,
+            f"{type(error).__name__}: {error}",
+            elapsed,
+            elapsed,
+        )
+
 
 def _options(leg: Leg, budget: Budget, original: Target | None = None) -> CheckOptions:
     return CheckOptions(
@@ -265,18 +282,7 @@ def check_mutant(job: Job) -> MutantOutcome:
             original = _load_original(plan) if leg.relative else None
             run = run_check(target, _options(leg, plan.budget, original)).runs[0]
         except Exception as error:
-            # dpsim itself tripped over what the mutant returned: any check
-            # run on this file fails, so the mutant does not go unnoticed.
-            return MutantOutcome(
-                job.mutant_id,
-                KILLED,
-                HARNESS,
-                leg.scenario,
-                leg.profile,
-                f"{type(error).__name__}: {error}",
-                elapsed(),
-                elapsed(),
-            )
+            return MutantOutcome.harness_tripped(job.mutant_id, leg, error, elapsed())
         if run.finding is not None:
             primary = run.finding.primary
             return MutantOutcome(

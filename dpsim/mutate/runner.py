@@ -38,7 +38,6 @@ from dpsim.lanes.runner.suite import RUNNER_LANE_TEST
 from dpsim.mutate.files import MutatedFile
 from dpsim.mutate.mutants import defined_functions
 from dpsim.mutate.run import (
-    HARNESS,
     KILLED,
     REFUSED,
     SURVIVED,
@@ -288,17 +287,7 @@ def check_runner_mutant(job: Job) -> MutantOutcome:
             elapsed=elapsed(),
         )
     except Exception as error:
-        # dpsim itself tripped over the mutant: any check of it fails.
-        return MutantOutcome(
-            job.mutant_id,
-            KILLED,
-            HARNESS,
-            leg.scenario,
-            leg.profile,
-            f"{type(error).__name__}: {error}",
-            elapsed(),
-            elapsed(),
-        )
+        return MutantOutcome.harness_tripped(job.mutant_id, leg, error, elapsed())
     if report.finding is None:
         return MutantOutcome(job.mutant_id, SURVIVED, elapsed=elapsed())
     primary = report.finding.primary
