@@ -198,3 +198,24 @@ def test_a_fixed_policy_is_fitted_to_each_engine() -> None:
     assert fit.capture_sizes == (1, 2, 4, 8)
     assert (fit.max_capture_size, fit.max_num_seqs, fit.decode_query_len) == (12, 4, 3)
     assert fit.cudagraph_mode == policy.cudagraph_mode
+
+
+def test_targets_fetch_for_the_runner_lane_takes_releases_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["targets", "--lane", "runner", "--refetch", "0.33.0"]) == 2
+    assert "--refetch are the sync lane's" in _one_error_line(capsys)
+
+
+@pytest.mark.release
+def test_targets_fetch_for_the_runner_lane_keeps_the_lanes_files(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Set-up's one download per release: the entry then holds the engine
+    loop's file, so the lane's first run fetches nothing again."""
+    from dpsim.targets.cache import cache_root, release_dir
+
+    assert main(["targets", "--fetch", "--lane", "runner", "0.33.0"]) == 0
+    assert capsys.readouterr().out.strip() == "cached  vllm 0.33.0"
+    entry = release_dir("0.33.0", cache_root())
+    assert (entry / "vllm" / "v1" / "engine" / "core.py").is_file()

@@ -106,19 +106,23 @@ def _runner_lane(arguments: argparse.Namespace) -> int:
     """``--lane runner``: per release, what the lane runs for real (with line
     coverage of each function over a few small cases) and what it stands in."""
     check_lane("runner", arguments.runner, "targets")
-    if arguments.target or arguments.vllm or arguments.fetch or arguments.refetch:
+    if arguments.target or arguments.vllm or arguments.refetch:
         raise UsageError(
             "targets --lane runner: name the releases or trees as SPECs "
-            "(--target, --vllm, --fetch and --refetch are the sync lane's)"
+            "(--target, --vllm and --refetch are the sync lane's)"
         )
     if not arguments.specs:
         raise UsageError("targets --lane runner: name the releases, e.g. 0.33.0")
     from dpsim.lanes.runner.commands import refuse_unsupported
+    from dpsim.lanes.runner.sources import wheel_prefixes
     from dpsim.targets.spec import parse_target
 
     specs = [parse_target(name, runner="v2") for name in arguments.specs]
     for spec in specs:
         refuse_unsupported(spec)
+    if arguments.fetch:
+        # Set-up for the lane: one download per release, its files with it.
+        return fetch(arguments.specs, runner="v2", extra=wheel_prefixes())
     return run_isolated(
         functools.partial(_show_runner_lane, arguments, specs),
         allowance=allowances.from_environment(),
@@ -184,12 +188,18 @@ def _show(
 
 
 def fetch(
-    versions: list[str], *, again: bool = False, runner: str | None = None
+    versions: list[str],
+    *,
+    again: bool = False,
+    runner: str | None = None,
+    extra: tuple[str, ...] = (),
 ) -> int:
     """Cache each release (``again``: replace its entry), without loading it.
 
     A release dpsim would refuse to load (with ``runner``, or with either
-    runner) is refused here too, before its wheel is downloaded.
+    runner) is refused here too, before its wheel is downloaded. ``extra``:
+    the runner lane's files, kept with the entry (fetched again once if it
+    lacks them).
     """
     flag = "--refetch" if again else "--fetch"
     if not versions:
@@ -201,7 +211,10 @@ def fetch(
             raise UsageError(f"{flag} takes releases, not {version!r}")
         try:
             check_release(spec.version, runner)
-            (refetch_release if again else ensure_release)(spec.version)
+            if again:
+                refetch_release(spec.version)
+            else:
+                ensure_release(spec.version, extra=extra)
         except UsageError as error:
             failures += 1
             print(f"dpsim: error: {error}", file=sys.stderr)
