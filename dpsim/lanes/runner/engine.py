@@ -94,7 +94,7 @@ from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import ModelGap, StrictObject, instance, standin
-from dpsim.lanes.runner.where import vllm_location
+from dpsim.lanes.runner.where import register_file, vllm_location
 from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.sync import WORKER_ERROR_EVENT
 from dpsim.scenarios.ranks import record
@@ -109,9 +109,10 @@ COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
 #: The modules this part of the lane reads (A's RUNNER_LANE_MODULES lists them).
 ENGINE_MODULES = (ENGINE_CORE_MODULE, PARALLEL_CONFIG_MODULE, COORDINATOR_MODULE)
 
-#: Per real class: the methods kept (a release lacking one is refused), and
-#: those kept where the release defines them (they came or went between
-#: 0.29 and 0.33; when absent, nothing in the kept methods calls them).
+#: Per real class: the methods kept, in order, and those of them kept only
+#: where the release defines them (they came or went between 0.12 and 0.33;
+#: when absent, nothing in the kept methods of that release calls them, and
+#: a call to one a release lacks would be a gap: the engine is strict).
 #: Methods DPEngineCoreProc overrides are not kept from its parents, nor
 #: those only an abort-mode shutdown or a rejected request reaches (the lane
 #: takes neither path; reaching one is a gap).
@@ -124,13 +125,25 @@ _ENGINE_CORE = (
         "step_with_batch_queue",
         "_process_aborts_queue",
         "execute_dummy_batch",
-    ),
-    (
         "_attach_weight_version",
-        # 0.26+ (before, step and step_with_batch_queue name none of them).
         "capture_iteration_details",
         "_make_iteration_details_stats",
         "_attach_iteration_details",
+        "_log_err_callback",
+        "log_iteration_details",
+    ),
+    frozenset(
+        {
+            "_process_aborts_queue",  # 0.13+
+            "_attach_weight_version",  # 0.26+ (before, step names none of these)
+            "capture_iteration_details",
+            "_make_iteration_details_stats",
+            "_attach_iteration_details",
+            # 0.12-0.13: step_with_batch_queue's done-callback on execute_model.
+            "_log_err_callback",
+            # 0.14-0.25: step's iteration logging (off: it only yields).
+            "log_iteration_details",
+        }
     ),
 )
 _ENGINE_CORE_PROC = (
@@ -143,8 +156,19 @@ _ENGINE_CORE_PROC = (
         "_handle_shutdown",
         "_handle_client_request",
         "_reject_add_in_shutdown",
+        "_reject_add_while_paused",
     ),
-    ("_reject_add_while_paused",),
+    frozenset(
+        {
+            "has_work",  # 0.17+
+            "_notify_idle_state_callbacks",  # 0.17+
+            # 0.18+: the loop asks _handle_shutdown each pass (before, while True).
+            "is_running",
+            "_handle_shutdown",
+            "_reject_add_in_shutdown",
+            "_reject_add_while_paused",  # 0.33+
+        }
+    ),
 )
 _DP_ENGINE_CORE_PROC = (
     (
@@ -153,11 +177,18 @@ _DP_ENGINE_CORE_PROC = (
         "_maybe_publish_request_counts",
         "run_busy_loop",
         "_has_global_unfinished_reqs",
+        "_should_throttle_prefills",
     ),
     # 0.24+ (before, the scheduler is not asked to throttle prefills).
-    ("_should_throttle_prefills",),
+    frozenset({"_should_throttle_prefills"}),
 )
-_PARALLEL_CONFIG = (("sync_dp_state",), ("cpu_distributed_timeout",))
+#: ``sync_dp_state`` (0.21+) replaced ``has_unfinished_dp`` (0.12-0.20 call
+#: it; 0.21-0.25 still define it, unused): exactly one of them is kept.
+_DP_STATE_SYNCS = ("sync_dp_state", "has_unfinished_dp")
+_PARALLEL_CONFIG = (
+    (*_DP_STATE_SYNCS, "cpu_distributed_timeout"),
+    frozenset({*_DP_STATE_SYNCS, "cpu_distributed_timeout"}),
+)
 
 #: The decorators of kept methods the lane replaces, and why (see the module
 #: docstring): fault tolerance is off, so its wrapper only re-raises.
@@ -350,6 +381,13 @@ class InputQueue(StrictObject):
     def __init__(self, mailbox: Mailbox, arrivals: Arrivals) -> None:
         self._mailbox = mailbox
         self._arrivals = arrivals
+        self._signalled = False
+
+    def signal_exit(self) -> None:
+        """A signal raising ``SystemExit`` in the engine's thread (0.12-0.17's
+        handler) while it waits in :meth:`get`, the one place an idle engine
+        waits: the get raises it instead of returning."""
+        self._signalled = True
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if timeout is not None:
@@ -364,7 +402,10 @@ class InputQueue(StrictObject):
                 self._arrivals.fast_forward()
             elif not block:
                 raise queue.Empty
-        return mailbox.get()
+        item = mailbox.get()
+        if self._signalled:
+            raise SystemExit
+        return item
 
     def get_nowait(self) -> Any:
         if self._mailbox.empty():
@@ -398,8 +439,12 @@ class EngineClasses:
     engine: type
     parallel_config: type
     front_end_wakes: bool
-    #: 0.26-0.28's coordinator marks the engines running on a front-end's wake.
+    #: 0.12-0.28's coordinator marks the engines running on a front-end's wake.
     wake_marks_running: bool = False
+    #: 0.18+: the loop asks ``_handle_shutdown`` each pass, and a shutdown is
+    #: a state the signal handler sets; 0.12-0.17: the loop is ``while
+    #: True`` and the signal handler raises ``SystemExit`` where the engine is.
+    checks_shutdown: bool = True
 
     @property
     def origins(self) -> tuple[Origin, ...]:
@@ -440,6 +485,14 @@ def _engine_classes(
     core: Path, parallel: Path, coordinator: Path, version: str | None, pause_state: Any
 ) -> EngineClasses:
     config_methods = _methods(parallel, "ParallelConfig", _PARALLEL_CONFIG, version)
+    syncs = [name for name in _DP_STATE_SYNCS if name in config_methods]
+    if not syncs:
+        raise TargetError(
+            f"runner lane: vLLM {version or '(this tree)'}'s "
+            f"{register_file(parallel)} has no ParallelConfig."
+            f"{' or '.join(_DP_STATE_SYNCS)}, one of which the engine loop calls"
+        )
+    config_methods = [name for name in config_methods if name not in syncs[1:]]
     parallel_config = real_class(
         parallel,
         "ParallelConfig",
@@ -497,45 +550,39 @@ def _engine_classes(
         bases=(proc_cls,),
         decorators=_DECORATORS,
     )
-    lane_cls = type(
-        "DPEngineCoreProc", (_LaneHooks, dp_cls), {"OWNER": "DPEngineCoreProc"}
-    )
+    checks_shutdown = "_handle_shutdown" in proc_cls.__dict__
+    hooks = _IterationAtShutdownCheck if checks_shutdown else _IterationAtInputPoll
+    lane_cls = type("DPEngineCoreProc", (hooks, dp_cls), {"OWNER": "DPEngineCoreProc"})
     return EngineClasses(
         engine=lane_cls,
         parallel_config=parallel_config,
         front_end_wakes=front_end_wakes_engines(coordinator, version),
         wake_marks_running=front_end_wake_marks_running(coordinator, version),
+        checks_shutdown=checks_shutdown,
     )
 
 
 def _methods(
     path: Path,
     class_name: str,
-    wanted: tuple[tuple[str, ...], tuple[str, ...]],
+    wanted: tuple[tuple[str, ...], frozenset[str]],
     version: str | None,
 ) -> list[str]:
-    """The required methods and those optional ones ``class_name`` defines."""
-    required, optional = wanted
-    if not optional:
-        return list(required)
+    """The kept methods, in order, less the optional ones ``class_name`` does
+    not define (a required one it lacks is refused by ``real_class``)."""
+    names, optional = wanted
     defined = class_methods(path, class_name, version=version)
-    return [*required, *(name for name in optional if name in defined)]
+    return [name for name in names if name not in optional or name in defined]
 
 
 class _LaneHooks(StrictObject):
-    """The lane's hook into the real loop, and its one stood-in method.
+    """The lane's one stood-in method of the real engine; its subclasses are
+    the lane's hook into the real loop (one per loop form).
 
-    Each pass of ``run_busy_loop``'s ``while self._handle_shutdown()`` starts
-    a rank-local iteration, at which the requests due are sent (before that
-    iteration's input poll); the real ``_handle_shutdown`` then runs
-    unchanged."""
+    At each pass of ``run_busy_loop`` a rank-local iteration starts, at
+    which the requests due are sent, before that pass's input poll."""
 
     _dpsim_arrivals: Arrivals
-
-    def _handle_shutdown(self) -> bool:
-        self._dpsim_arrivals.start_iteration()
-        handled: bool = super()._handle_shutdown()  # type: ignore[misc]
-        return handled
 
     @contextlib.contextmanager
     def log_error_detail(self, scheduler_output: Any) -> Iterator[None]:
@@ -544,6 +591,25 @@ class _LaneHooks(StrictObject):
         re-raise matters here, and asking the modelled scheduler for stats
         would hide the error behind a gap."""
         yield
+
+
+class _IterationAtShutdownCheck(_LaneHooks):
+    """0.18+: each pass starts at ``while self._handle_shutdown()``, which
+    then runs unchanged."""
+
+    def _handle_shutdown(self) -> bool:
+        self._dpsim_arrivals.start_iteration()
+        handled: bool = super()._handle_shutdown()  # type: ignore[misc]
+        return handled
+
+
+class _IterationAtInputPoll(_LaneHooks):
+    """0.12-0.17: the loop is ``while True:`` and each pass starts with
+    ``self._process_input_queue()``, which then runs unchanged."""
+
+    def _process_input_queue(self) -> None:
+        self._dpsim_arrivals.start_iteration()
+        super()._process_input_queue()  # type: ignore[misc]
 
 
 # -- building and running an engine -----------------------------------------------
@@ -597,12 +663,19 @@ def build_engine(
         batch_queue_size=batch_queue_size,
         batch_queue=deque(maxlen=batch_queue_size) if batch_queue_size > 1 else None,
         is_mm_encoder_only=False,  # 0.31+: a text MoE model
-        # 0.26-0.30: True without an EC transfer config (EngineCore.__init__); it
-        # gates step_with_batch_queue's model_executed.
+        # 0.18-0.30: True without an EC transfer config (EngineCore.__init__); it
+        # gates step_with_batch_queue's model_executed (0.12-0.17: the
+        # opposite flag, is_ec_producer, False without one).
         is_ec_consumer=True,
+        is_ec_producer=False,
+        # 0.16: the scheduler-pause flag (pause_scheduler is a utility call
+        # the lane never sends).
+        _scheduler_paused=False,
         is_pooling_model=False,
         async_scheduling=options.async_scheduling,
         check_for_draft_tokens=options.speculator is not None,
+        # 0.12-0.25's post_step asks it (speculative_config is not None).
+        use_spec_decode=options.speculator is not None,
         aborts_queue=queue.Queue(),
         _idle_state_callbacks=[],
         # EngineCoreProc.__init__
@@ -632,13 +705,20 @@ def build_engine(
     engine.step_fn = (
         engine.step if engine.batch_queue is None else engine.step_with_batch_queue
     )
-    coordinator.attach(rank, functools.partial(_request_shutdown, engine))
+    shutdown = _request_shutdown if classes.checks_shutdown else _raise_exit
+    coordinator.attach(rank, functools.partial(shutdown, engine))
     return engine
 
 
 def _request_shutdown(engine: Any) -> None:
-    # What vLLM's signal handler does to the engine (run_engine_core).
+    # What vLLM's signal handler does to the engine (run_engine_core, 0.18+).
     engine.shutdown_state = SHUTDOWN_STATE.REQUESTED
+
+
+def _raise_exit(engine: Any) -> None:
+    # What vLLM's signal handler does to the engine (run_engine_core,
+    # 0.12-0.17): raise SystemExit in its thread, waiting in its input queue.
+    engine.input_queue.signal_exit()
 
 
 def run_engine(engine: Any) -> None:

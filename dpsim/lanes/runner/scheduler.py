@@ -81,7 +81,7 @@ from typing import Any, Protocol
 
 from dpsim.errors import TargetError
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
-from dpsim.lanes.runner.strict import StrictObject, gap, standin
+from dpsim.lanes.runner.strict import StrictObject, asked_at, gap, standin
 from dpsim.targets.spec import _release_key
 
 __all__ = [
@@ -97,7 +97,7 @@ __all__ = [
 ]
 
 OUTPUT_MODULE = "vllm.v1.core.sched.output"
-#: Where ``PauseState`` lives (0.29-0.33).
+#: Where ``PauseState`` lives (0.17+; 0.12-0.16 have the module, not the class).
 INTERFACE_MODULE = "vllm.v1.core.sched.interface"
 #: KV block size of the modelled cache (block ids only feed stood-in block tables).
 BLOCK_SIZE = 16
@@ -127,6 +127,7 @@ class SchedulerTypes:
     SchedulerOutput: type
     NewRequestData: type
     CachedRequestData: type
+    #: None before 0.17 (no engine path of those releases asks for it).
     PauseState: Any
     #: SchedulerOutput field names, for the fields only some releases have.
     output_fields: frozenset[str]
@@ -156,12 +157,12 @@ def _load_types(sources: Sources) -> SchedulerTypes:
             )
     out = sources.load_module(OUTPUT_MODULE, lenient=False)
     interface = sources.load_module(INTERFACE_MODULE, lenient=False)
-    classes: dict[str, type] = {}
+    classes: dict[str, Any] = {"PauseState": interface.__dict__.get("PauseState")}
     for loaded, name in (
         (out, "SchedulerOutput"),
         (out, "NewRequestData"),
         (out, "CachedRequestData"),
-        (interface, "PauseState"),
+        *(((interface, "PauseState"),) if classes["PauseState"] is not None else ()),
     ):
         value = loaded.__dict__.get(name)
         if not isinstance(value, type):
@@ -353,7 +354,10 @@ class ModelledScheduler(StrictObject):
 
     @property
     def pause_state(self) -> Any:
-        return self._types.PauseState.UNPAUSED
+        pause_state = self._types.PauseState
+        if pause_state is None:  # before 0.17: no engine path asks
+            raise gap(f"Scheduler.pause_state read at {asked_at()}")
+        return pause_state.UNPAUSED
 
     def get_grammar_bitmask(self, scheduler_output: Any) -> None:
         # No structured-output request is ever scheduled.
