@@ -514,15 +514,18 @@ def _present(
     return [name for name in wanted if name in defined or name in needed]
 
 
-def _assigned(classes: Iterable[ast.ClassDef]) -> set[str]:
-    """The attributes the classes' builders (``__init__``, ``set_attn``, ...)
-    give ``self``: what the release's real speculator object holds. The lane
+def _assigned(
+    classes: Iterable[ast.ClassDef], builders: Iterable[str] = _BUILDERS
+) -> set[str]:
+    """The attributes the classes' ``builders`` (``__init__``, ``set_attn``,
+    ...) give ``self``: what the release's real object holds. The lane
     sets only those of its values, so a release that dropped an attribute
     its code still read would be refused (a gap), not answered."""
+    wanted = frozenset(builders)
     names: set[str] = set()
     for node in classes:
         for part in node.body:
-            if not (isinstance(part, ast.FunctionDef) and part.name in _BUILDERS):
+            if not (isinstance(part, ast.FunctionDef) and part.name in wanted):
                 continue
             for statement in ast.walk(part):
                 targets: list[ast.expr] = []

@@ -50,11 +50,16 @@ def build_dispatcher(
     config: ManagerConfig,
     compilation_class: type | None = None,
     spec_rounding: str | None = None,
+    *,
+    initialize: bool = True,
 ) -> Any:
     """A real dispatcher of ``dispatcher_class`` for ``config``, its keys
     initialised as vLLM's capture does: capture sizes first rounded for
     speculative decoding where the release does (``spec_rounding``, with its
-    own ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``)."""
+    own ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``).
+    ``initialize=False`` leaves the keys to the caller: the V1 drafter's
+    dispatcher shares the model runner's config, and the drafter's own real
+    ``initialize_cudagraph_keys`` sets its keys (with its own mode)."""
     mode = mode_enum[config.cudagraph_mode]
     sizes, largest = _capture_sizes(
         config, mode, mode_enum, compilation_class, spec_rounding
@@ -98,11 +103,13 @@ def build_dispatcher(
         paths[("pad_for_cudagraph",)] = padded.__getitem__
     vllm_config = view_of_paths(OWNER, paths, where=_reads_in(dispatcher_class))
     dispatcher = dispatcher_class(vllm_config)
-    initialize = dispatcher.initialize_cudagraph_keys
-    if "uniform_decode_query_len" in inspect.signature(initialize).parameters:
-        initialize(mode, config.decode_query_len)
+    if not initialize:
+        return dispatcher
+    keys = dispatcher.initialize_cudagraph_keys
+    if "uniform_decode_query_len" in inspect.signature(keys).parameters:
+        keys(mode, config.decode_query_len)
     else:
-        initialize(mode)
+        keys(mode)
     _check_lora_cases(dispatcher, config.lora_capture_cases)
     return dispatcher
 
