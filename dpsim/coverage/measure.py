@@ -1,0 +1,122 @@
+"""Running coverage.py over the target's files while dpsim runs them.
+
+coverage.py's C tracer, with branch (arc) measurement, ``include`` narrowed
+to the scoped files (a call into any other file costs one cached look-up of
+its name and is not traced further), and greenlet support on, so each virtual
+rank's frames keep their own arcs when the simulator switches between ranks.
+Target code is compiled by dpsim from the real files with their real names
+(:mod:`dpsim.targets.shim`, the V1 caller, the runner lane's ``real_class``),
+so the traced names are the files on disk. Data stays in memory (no
+``.coverage`` file); each (scenario, profile) is a coverage.py dynamic
+context, so one run gives the totals and each context's share.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+import coverage
+
+from .marks import Unreachable
+from .result import Contexts, CoverageResult
+from .scope import Arc, Scope, analyse, combined
+
+#: coverage.py's warnings that say nothing about the target (a scoped file
+#: the run never entered; another tracer, say a debugger, was set).
+_QUIET = [
+    "no-data-collected",
+    "module-not-imported",
+    "module-not-measured",
+    "already-imported",
+    "trace-changed",
+]
+_SEPARATOR = "\t"
+
+
+class Measurement:
+    """coverage.py over ``scopes``: traced inside :meth:`running` blocks within
+    the ``with`` block; :meth:`result` after it."""
+
+    def __init__(
+        self, scopes: Iterable[Scope], marks: tuple[Unreachable, ...] | None = None
+    ) -> None:
+        self.scopes = combined(scopes)
+        for scope in self.scopes:
+            analyse(scope)  # a bad scope is refused before anything runs
+        self.marks = marks
+        self._coverage: coverage.Coverage | None = None
+        self._context: tuple[str, str] | None = None
+        self._contexts: Contexts = {}
+
+    def __enter__(self) -> Measurement:
+        paths = sorted({os.path.realpath(scope.path) for scope in self.scopes})
+        self._coverage = coverage.Coverage(
+            data_file=None,
+            branch=True,
+            include=paths,
+            concurrency=["greenlet"],
+            config_file=False,
+        )
+        self._coverage.set_option("run:disable_warnings", _QUIET)
+        return self
+
+    @contextmanager
+    def running(self, scenario: str = "", profile: str = "") -> Iterator[None]:
+        """Trace the block, counting what runs to ``(scenario, profile)``.
+
+        Tracing is on only inside such blocks (one case's run, say): Python
+        3.11's trace hook costs every call in the process, Hypothesis drawing
+        the next case included, so a whole search traced costs about twice
+        what it costs to trace only the cases' runs.
+        """
+        measured = self._coverage
+        if measured is None:
+            raise RuntimeError("Measurement.running() outside its with block")
+        measured.start()
+        try:
+            if self._context != (scenario, profile):
+                self._context = (scenario, profile)
+                measured.switch_context(f"{scenario}{_SEPARATOR}{profile}")
+            yield
+        finally:
+            measured.stop()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._coverage is not None
+        self._contexts = self._harvest(self._coverage)
+        self._coverage = None
+
+    def _harvest(self, measured: coverage.Coverage) -> Contexts:
+        data = measured.get_data()
+        by_real = {os.path.realpath(scope.path): scope for scope in self.scopes}
+        contexts: Contexts = {}
+        for name in sorted(data.measured_contexts()):
+            scenario, _, profile = name.partition(_SEPARATOR)
+            data.set_query_context(name)
+            files: dict[str, tuple[frozenset[int], frozenset[Arc]]] = {}
+            for filename in sorted(data.measured_files()):
+                scope = by_real.get(os.path.realpath(filename))
+                if scope is not None:
+                    files[scope.path] = analyse(scope).executed(
+                        data.lines(filename) or (), data.arcs(filename) or ()
+                    )
+            contexts[(scenario, profile)] = files
+        return contexts
+
+    def result(self, version: str | None) -> CoverageResult:
+        return CoverageResult.of(self.scopes, version, self._contexts, self.marks)
+
+
+def measure(
+    scopes: Iterable[Scope], marks: tuple[Unreachable, ...] | None = None
+) -> Measurement:
+    """A context manager measuring target coverage of ``scopes``."""
+    return Measurement(scopes, marks)

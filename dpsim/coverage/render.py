@@ -1,0 +1,81 @@
+"""Target coverage as the text a report prints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import PurePosixPath
+
+from .result import CoverageResult, FileCoverage
+from .scope import EXIT, Arc
+
+HEADING = (
+    "target coverage (lines and branches of the target's own code this run "
+    "executed; not the `coverage` property)"
+)
+
+
+def arc_text(arc: Arc) -> str:
+    start, end = arc
+    return f"{start}->{'exit' if end == EXIT else end}"
+
+
+def _short(file: FileCoverage) -> str:
+    return PurePosixPath(file.display).name
+
+
+def _counts(file: FileCoverage) -> str:
+    lines_out = len(file.unreachable_lines)
+    branches_out = len(file.unreachable_branches)
+    lines = f"lines {len(file.executed_lines)}/{len(file.executable_lines) - lines_out}"
+    branches = (
+        f"branches {len(file.executed_branches)}/{len(file.branches) - branches_out}"
+    )
+    marked = lines_out + branches_out
+    return f"{lines}, {branches}" + (
+        f" ({marked} marked unreachable)" if marked else ""
+    )
+
+
+def _listed(file: FileCoverage, items: Iterable[str]) -> str:
+    short = _short(file)
+    return ", ".join(f"{short}:{item}" for item in items)
+
+
+def render_text(result: CoverageResult, html_index: str | None = None) -> str:
+    """The report's section: each file's totals and what never ran, then each
+    (scenario, profile)'s totals."""
+    lines = [HEADING + ":"]
+    for file in result.files:
+        functions = ""
+        if file.scope.functions is not None:
+            functions = f" [{', '.join(file.scope.functions)}]"
+        lines.append(f"  {file.display}{functions}: {_counts(file)}")
+        if file.missing_lines:
+            lines.append(
+                f"    lines never run: {_listed(file, map(str, sorted(file.missing_lines)))}"
+            )
+        if file.missing_branches:
+            lines.append(
+                "    branches never taken: "
+                + _listed(file, map(arc_text, sorted(file.missing_branches)))
+            )
+        for line, reason in sorted(file.unreachable_lines.items()):
+            lines.append(f"    unreachable {_short(file)}:{line}: {reason}")
+        for arc, reason in sorted(file.unreachable_branches.items()):
+            lines.append(f"    unreachable {_short(file)}:{arc_text(arc)}: {reason}")
+        for mark in file.marked.reached:
+            lines.append(f"    marked unreachable but reached: {mark.shown}")
+        for mark in file.marked.stale:
+            lines.append(f"    unreachable mark matches nothing here: {mark.shown}")
+    if result.context_keys:
+        lines.append("  per scenario and profile:")
+        width = max(len(scenario) for scenario, _ in result.context_keys)
+        for scenario, profile in result.context_keys:
+            parts = [
+                f"{_short(file)} {_counts(file)}"
+                for file in result.context(scenario, profile)
+            ]
+            lines.append(f"    {scenario:<{width}} {profile}: " + "; ".join(parts))
+    if html_index is not None:
+        lines.append(f"  html: {html_index}")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""Which code of a loaded target ``--coverage`` measures.
+
+The sync lane's target is the sync function's own file (every function of
+V2's ``v1/worker/gpu/dp_utils.py`` or V1's ``v1/worker/dp_utils.py``), the
+dispatch it consults (V2's ``CudaGraphManager.dispatch``, V1's
+``CudagraphDispatcher.dispatch``, each with the methods of its class it calls
+on ``self``) and, for V1, the caller method dpsim runs for real
+(``GPUModelRunner._determine_batch_execution_and_padding`` and the methods it
+calls, as :mod:`dpsim.targets.v1.caller` cut them out). Support files dpsim
+executes only to borrow a definition (``compilation.py``, ``math_utils.py``)
+are not the target and are not measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dpsim.errors import TargetError
+from dpsim.lanes.runner.where import display_name
+
+from .scope import Scope, self_calls
+
+#: Module -> the method whose closure of ``self`` calls is measured there
+#: (None: every function of the file).
+_MEASURED: dict[str, str | None] = {
+    "vllm.v1.worker.gpu.dp_utils": None,
+    "vllm.v1.worker.dp_utils": None,
+    "vllm.v1.worker.gpu.cudagraph_utils": "CudaGraphManager.dispatch",
+    "vllm.v1.cudagraph_dispatcher": "CudagraphDispatcher.dispatch",
+}
+
+
+def scopes_for(target: Any) -> tuple[Scope, ...]:
+    """The scopes of a sync-lane :class:`~dpsim.targets.load.Target`."""
+    scopes = []
+    for loaded in target.files:
+        if loaded.module not in _MEASURED:
+            continue
+        entry = _MEASURED[loaded.module]
+        functions = None
+        if entry is not None:
+            try:
+                functions = self_calls(loaded.path, entry)
+            except TargetError:
+                continue  # a release whose class has no such method: nothing to measure
+        scopes.append(Scope(loaded.path, display_name(Path(loaded.path)), functions))
+    caller = getattr(target.api, "caller", None)
+    if caller is not None:
+        from dpsim.targets.v1.caller import RUNNER_CLASS
+
+        scopes.append(
+            Scope(
+                str(caller.path),
+                display_name(Path(caller.path)),
+                tuple(f"{RUNNER_CLASS}.{method.name}" for method in caller.methods),
+            )
+        )
+    return tuple(scopes)
