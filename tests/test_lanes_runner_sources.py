@@ -132,9 +132,7 @@ def test_the_target_file_replaces_the_sync_file(tree: Path, tmp_path: Path) -> N
     assert sources.path("vllm.v1.worker.gpu.dp_utils") == mine
 
 
-def test_the_v1_runner_and_old_releases_are_refused_before_any_fetch() -> None:
-    with pytest.raises(TargetError, match="V2 model runner only, not the V1 runner"):
-        RunnerSources.for_spec(TargetSpec(ReleaseSpec("0.33.0"), runner="v1"))
+def test_old_releases_are_refused_before_any_fetch() -> None:
     with pytest.raises(TargetError) as refused:
         check_runner_lane_release("0.25.1")
     assert str(refused.value) == (

@@ -51,6 +51,10 @@ from dpsim.targets.load import (
     COMPILATION_MODULE,
     CUDAGRAPH_MODULE,
     DP_UTILS_MODULE,
+    FORWARD_CONTEXT_MODULE,
+    V1_CALLER_MODULE,
+    V1_DISPATCHER_MODULE,
+    V1_DP_UTILS_MODULE,
     Target,
     _tree_version,
     load_spec,
@@ -64,6 +68,7 @@ from dpsim.targets.spec import (
     check_release,
 )
 from dpsim.targets.standins import STAND_INS
+from dpsim.targets.v1.load import V1Target
 
 #: The modules the runner lane reads. ``pkg.*`` is the whole package below
 #: ``pkg``; a package's own name is its ``__init__.py``.
@@ -93,9 +98,37 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.gpu.pcp_manager",
     "vllm.v1.worker.gpu.cp_utils",
 )
+#: The modules the runner lane reads for the V1 model runner (``--runner
+#: v1``): the same engine and scheduler output types, the V1 runner's worker,
+#: model runner, drafters and helpers. Fetched only when the V1 runner lane
+#: uses a release: the V2 lane's and the sync lane's fetches stay as they were.
+V1_RUNNER_LANE_MODULES: tuple[str, ...] = (
+    "vllm.v1.engine.core",
+    "vllm.v1.engine.coordinator",
+    "vllm.v1.engine",
+    "vllm.v1.core.sched.output",
+    "vllm.v1.core.sched.interface",
+    "vllm.config.parallel",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu_model_runner",
+    "vllm.v1.worker.ubatch_utils",
+    "vllm.v1.worker.dp_utils",
+    "vllm.v1.worker.utils",
+    "vllm.v1.cudagraph_dispatcher",
+    "vllm.v1.spec_decode.*",
+    # The drafter's CommonAttentionMetadata (0.2x+, and its older home).
+    "vllm.v1.attention.backend",
+    "vllm.v1.attention.backends.utils",
+    "vllm.v1.outputs",
+    "vllm.forward_context",
+    "vllm.utils.math_utils",
+)
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
 OLDEST_RUNNER_LANE = (0, 26)
+#: The oldest (major, minor) the lane drives with the V1 runner: the engine
+#: loop the lane drives (``ParallelConfig.sync_dp_state``) starts there.
+OLDEST_V1_RUNNER_LANE = (0, 21)
 #: What the V2 releases the sync lane drives (0.18+) but the runner lane
 #: does not lack, each with the (major, minor) that added it (``{}`` in the
 #: text): a release is refused naming every one it predates. Each is a fact of the releases' own
@@ -125,6 +158,11 @@ _ADDED_IN: tuple[tuple[tuple[int, int], str], ...] = (
 )
 
 
+def lane_modules(runner: str) -> tuple[str, ...]:
+    """The modules the runner lane reads for ``runner``'s model runner."""
+    return V1_RUNNER_LANE_MODULES if runner == "v1" else RUNNER_LANE_MODULES
+
+
 def wheel_prefixes(modules: tuple[str, ...] = RUNNER_LANE_MODULES) -> tuple[str, ...]:
     """The paths inside a wheel that hold ``modules`` (what the cache keeps)."""
     prefixes: list[str] = []
@@ -137,8 +175,29 @@ def wheel_prefixes(modules: tuple[str, ...] = RUNNER_LANE_MODULES) -> tuple[str,
     return tuple(prefixes)
 
 
-def check_runner_lane_release(version: str) -> None:
-    """Refuse, before any fetch, a release the lane cannot drive."""
+#: What the releases the V1 sync lane drives (0.11.1+) but the V1 runner
+#: lane does not lack, each with the (major, minor) that added it, as
+#: :data:`_ADDED_IN` (checked against the files by release-marked tests).
+_V1_ADDED_IN: tuple[tuple[tuple[int, int], str], ...] = (
+    (
+        (0, 12),
+        "its GPUModelRunner has no _determine_batch_execution_and_padding ({} "
+        "added it; before, the DP sync sits inside _prepare_inputs), whose "
+        "real caller the lane runs",
+    ),
+    (
+        (0, 21),
+        "its engine has no ParallelConfig.sync_dp_state ({} added it; the "
+        "engine loop calls has_unfinished_dp)",
+    ),
+)
+
+
+def check_runner_lane_release(version: str, runner: str = "v2") -> None:
+    """Refuse, before any fetch, a release the lane cannot drive with ``runner``."""
+    if runner == "v1":
+        _check_v1_runner_lane_release(version)
+        return
     check_release(version, "v2")  # before 0.18: the sync lane's own refusal
     key = _release_key(version)[:2]
     if key < OLDEST_RUNNER_LANE:
@@ -151,6 +210,23 @@ def check_runner_lane_release(version: str) -> None:
         raise TargetError(
             f"runner lane: vLLM {version} cannot be driven: {missing}; the runner "
             f"lane drives {oldest}.0 and later; refused without fetching it"
+        )
+
+
+def _check_v1_runner_lane_release(version: str) -> None:
+    check_release(version, "v1")  # before 0.11.1: the sync lane's own refusal
+    key = _release_key(version)[:2]
+    if key < OLDEST_V1_RUNNER_LANE:
+        oldest = ".".join(map(str, OLDEST_V1_RUNNER_LANE))
+        missing = "; ".join(
+            text.format(".".join(map(str, added)))
+            for added, text in _V1_ADDED_IN
+            if key < added
+        )
+        raise TargetError(
+            f"runner lane (V1 runner): vLLM {version} cannot be driven: {missing}; "
+            f"the V1 runner lane drives {oldest}.0 and later; refused without "
+            "fetching it"
         )
 
 
@@ -176,29 +252,40 @@ class RunnerSources:
 
     @classmethod
     def for_spec(cls, spec: TargetSpec) -> RunnerSources:
-        """A target spec's sources: its release (cache kept for the lane) or
-        tree, with ``--target`` replacing the V2 sync file."""
-        if spec.runner != "v2":
+        """A target spec's sources: its release (cache kept for the lane, with
+        the files of the spec's runner) or tree, with ``--target`` replacing
+        the sync file (V2's ``gpu/dp_utils.py``, V1's ``dp_utils.py``)."""
+        if spec.runner not in ("v1", "v2"):
             raise TargetError(
-                f"runner lane: drives vLLM's V2 model runner only, not the "
+                f"runner lane: drives vLLM's V1 and V2 model runners, not the "
                 f"{spec.runner.upper()} runner"
             )
+        modules = lane_modules(spec.runner)
         if isinstance(spec.base, ReleaseSpec):
-            check_runner_lane_release(spec.base.version)
+            check_runner_lane_release(spec.base.version, spec.runner)
             package_dir = ensure_release(
-                spec.base.version, runner="v2", extra=wheel_prefixes()
+                spec.base.version, runner=spec.runner, extra=wheel_prefixes(modules)
             )
             made = cls(package_dir, spec.base.version, spec=spec)
         else:
             package_dir = spec.base.package_dir
             made = cls(package_dir, _tree_version(package_dir), spec=spec)
         if spec.dp_utils_file is not None:
-            made.overrides[DP_UTILS_MODULE] = spec.dp_utils_file
+            made.overrides[
+                DP_UTILS_MODULE if spec.runner == "v2" else V1_DP_UTILS_MODULE
+            ] = spec.dp_utils_file
+        if spec.caller_file is not None:
+            made.overrides[V1_CALLER_MODULE] = spec.caller_file
         return made
 
     @classmethod
-    def for_release(cls, version: str) -> RunnerSources:
-        return cls.for_spec(TargetSpec(ReleaseSpec(version)))
+    def for_release(cls, version: str, runner: str = "v2") -> RunnerSources:
+        return cls.for_spec(TargetSpec(ReleaseSpec(version), runner=runner))
+
+    @property
+    def runner(self) -> str:
+        """The model runner the sources are read for: ``v1`` or ``v2``."""
+        return self.spec.runner if self.spec is not None else "v2"
 
     @classmethod
     def for_tree(cls, package_dir: Path) -> RunnerSources:
@@ -285,6 +372,27 @@ class RunnerSources:
         return loader.module(name)
 
 
+#: The V1 target's modules it executes strictly (the rest leniently).
+_V1_EXECUTED = frozenset({V1_DP_UTILS_MODULE, V1_DISPATCHER_MODULE})
+
+
+def _seeded_modules(target: Target) -> tuple[tuple[str, types.ModuleType], ...]:
+    """The target's own modules, by the names its runner's code imports
+    them as (a V1 target's sync and dispatcher, and its forward context)."""
+    if isinstance(target, V1Target):
+        return (
+            (V1_DP_UTILS_MODULE, target.dp_utils),
+            (V1_DISPATCHER_MODULE, target.cudagraph_utils),
+            (COMPILATION_MODULE, target.compilation),
+            (FORWARD_CONTEXT_MODULE, target.forward_context),
+        )
+    return (
+        (DP_UTILS_MODULE, target.dp_utils),
+        (CUDAGRAPH_MODULE, target.cudagraph_utils),
+        (COMPILATION_MODULE, target.compilation),
+    )
+
+
 def _mode_of(loader: ModuleLoader, name: str) -> str:
     if name in loader.executed:
         return "strict"
@@ -316,13 +424,9 @@ class _LaneLoader(ModuleLoader):
     def seed(self, target: Target) -> None:
         """Make the target's own modules this loader's, in the mode the
         target executed each (see the module docstring)."""
-        for name, module in (
-            (DP_UTILS_MODULE, target.dp_utils),
-            (CUDAGRAPH_MODULE, target.cudagraph_utils),
-            (COMPILATION_MODULE, target.compilation),
-        ):
+        for name, module in _seeded_modules(target):
             self._modules[name] = module
-            if name in EXECUTED:
+            if name in EXECUTED or name in _V1_EXECUTED:
                 self.executed = self.executed | {name}
             else:
                 self.lenient = self.lenient | {name}

@@ -74,9 +74,14 @@ def build_worker(
     runner = build_model_runner(
         sources, options, policy, rank, dp_size, speculator, sync=sync
     )
-    worker_class = _worker_class(sources)
+    return worker_over(sources, runner)
+
+
+def worker_over(sources: Sources, runner: Any) -> Any:
+    """The real ``Worker`` over ``runner``, the rank's real model runner of
+    either runner (``sources.runner``: the worker's ``use_v2_model_runner``)."""
     return instance(
-        worker_class,
+        _worker_class(sources),
         model_runner=runner,
         vllm_config=standin(
             "VllmConfig",
@@ -85,7 +90,7 @@ def build_worker(
         ),
         parallel_config=runner.parallel_config,
         _pp_send_work=[],
-        use_v2_model_runner=True,
+        use_v2_model_runner=sources.runner == "v2",
         profiler=None,
     )
 
@@ -105,8 +110,12 @@ def real_classes(sources: Sources) -> tuple[type, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _worker_class(sources: Sources) -> type:
-    kit = runner_kit(sources, sources.target)
-    outputs = kit.modules[OUTPUTS_MODULE]
+    if sources.runner == "v1":
+        from dpsim.lanes.runner.v1.model_runner import v1_runner_kit
+
+        outputs = v1_runner_kit(sources).modules[OUTPUTS_MODULE]
+    else:
+        outputs = runner_kit(sources, sources.target).modules[OUTPUTS_MODULE]
     return _built(
         sources.path(WORKER_MODULE),
         sources.version,

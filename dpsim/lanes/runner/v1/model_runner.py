@@ -1,0 +1,664 @@
+"""The real V1 ``GPUModelRunner`` of a release, per virtual rank, on CPU.
+
+:func:`build_v1_model_runner` rebuilds ``GPUModelRunner`` from the release's
+``v1/worker/gpu_model_runner.py`` (:func:`~dpsim.lanes.runner.extract.real_class`)
+keeping the methods on the DP path (:data:`RUN_FOR_REAL`): ``execute_model``
+(its 0-token early return and the external-launcher ``_dummy_run(1)``),
+``_dummy_run``, ``sample_tokens`` with its drafter fit check
+(``_input_fits_in_drafter``) and ``propose_draft_token_ids``,
+``_determine_batch_execution_and_padding`` (the release's real
+``coordinate_batch_across_dp`` and real ``CudagraphDispatcher``, as the sync
+lane's V1 target loads them), ``_model_forward``, ``eplb_step``,
+``take_draft_token_ids``, and the small helpers they call. One instance per
+rank, made without ``__init__`` (which builds GPU state), holding what those
+methods read.
+
+Real vLLM besides: ``ModelRunnerOutput`` / ``EMPTY_MODEL_RUNNER_OUTPUT`` /
+``DraftTokenIds`` (``v1/outputs.py``), ``maybe_create_ubatch_slices``
+(``ubatch_utils.py``), ``cdiv``, the forward context's ``DPMetadata.make``
+(its count check, through :class:`~dpsim.lanes.runner.forward.ForwardContexts`).
+
+Stood in for (strict: anything else asked is a gap that refuses the run), see
+:data:`STOOD_IN`: the request bookkeeping (``_update_states``: a
+:class:`PersistentBatch` keeping the request order and the per-request token
+counts the DP path reads; V1's ``InputBatch`` holds pinned and GPU buffers),
+``_prepare_inputs``, slot mappings and attention metadata (empty, the real
+shapes' maximum sequence length kept: the drafter fit check reads it),
+``_preprocess``, the sampler and ``_bookkeeping_sync`` (one token per request
+that samples; the modelled scheduler decides acceptance), KV/EC connectors
+(none), LoRA (refused), EPLB (off: ``eplb_step`` returns at once, no
+collective), the model (:class:`~dpsim.lanes.runner.forward.FakeModel`:
+forwards issue the EP collectives at the shape and graph mode the forward
+context says, one replay for a FULL graph), async output copies.
+
+Dropped: ``@torch.inference_mode()``. It switches a thread-local torch flag,
+and virtual ranks share one thread: one rank leaving the mode would switch it
+off under another. The lane runs CPU tensors without autograd, so the mode
+changes nothing else.
+
+Not modelled (refused in one line): microbatching, LoRA, encoder-decoder
+models, pipeline parallelism (the pipeline group is the shim's one stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpsim.errors import TargetError, UsageError
+from dpsim.lanes.runner.extract import class_methods, real_class
+from dpsim.lanes.runner.forward import FakeModel, ForwardContexts
+from dpsim.lanes.runner.model_runner import (
+    VOCAB_SIZE,
+    _assigned,
+    _Buffer,
+    _ignore,
+    _real,
+)
+from dpsim.lanes.runner.scheduler import scheduler_types
+from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.stream import EngineOptions
+from dpsim.lanes.runner.strict import StrictObject, gap, instance, standin
+from dpsim.lanes.runner.syncs import Phases
+from dpsim.lanes.runner.v1.syncs import V1SyncRecorder, bind, router
+from dpsim.records.policy import CapturePolicy
+from dpsim.targets.spec import V1_ENTRY
+from dpsim.targets.standins import get_pp_group, get_single_rank_group
+from dpsim.targets.v1.api import V1API
+
+MODEL_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
+OUTPUTS_MODULE = "vllm.v1.outputs"
+UBATCH_MODULE = "vllm.v1.worker.ubatch_utils"
+MATH_MODULE = "vllm.utils.math_utils"
+#: The files this module reads (in :data:`~dpsim.lanes.runner.sources.V1_RUNNER_LANE_MODULES`).
+MODULES = (MODEL_RUNNER_MODULE, OUTPUTS_MODULE, UBATCH_MODULE, MATH_MODULE)
+
+CALLER = "_determine_batch_execution_and_padding"
+#: GPUModelRunner methods run for real: the first ones must be there; the
+#: others are kept where the release has them.
+REQUIRED = ("execute_model", "sample_tokens", "_dummy_run", CALLER)
+RUN_FOR_REAL = (
+    *REQUIRED,
+    "_is_uniform_decode",
+    "_allow_microbatching",
+    "_model_forward",
+    "_input_fits_in_drafter",
+    "take_draft_token_ids",
+    "eplb_step",
+    "synchronize_input_prep",
+    "_prepare_padding_mask",
+    "_get_cumsum_and_arange",
+    "maybe_randomize_inputs",
+    "_get_draft_token_ids_cpu",
+    "_pad_for_sequence_parallelism",
+)
+#: What the runner's real methods are given in place of vLLM's, and why.
+STOOD_IN: dict[str, str] = {
+    "GPUModelRunner._update_states": "InputBatch's pinned/GPU buffers; a persistent batch of the request order and token counts",
+    "GPUModelRunner._prepare_inputs": "H2D copies; the logits rows of the real batch",
+    "GPUModelRunner._get_slot_mappings, _build_attention_metadata": "attention backends; no layers, the batch's max sequence length kept",
+    "GPUModelRunner._preprocess": "input buffers; zero token ids and positions of the padded shape",
+    "GPUModelRunner._sample, _bookkeeping_sync": "GPU sampling; one token per request that samples",
+    "GPUModelRunner.maybe_get_kv_connector_output, finalize_kv_connector": "no KV connector",
+    "GPUModelRunner.maybe_dummy_run_with_lora": "LoRA mixin; LoRA is not modelled",
+    "model": "the model forward; EP collectives at the chosen shape and mode (forward.FakeModel)",
+    "set_forward_context": "per-thread forward context; per virtual rank (forward.ForwardContexts)",
+    "AsyncGPUModelRunnerOutput": "CUDA stream and event; output ready at once",
+}
+#: Attributes the real V1 runner lacks too (``getattr`` probes take their default).
+ABSENT: frozenset[str] = frozenset()
+#: Features some releases' runners have, all off here: set only where the
+#: release's runner assigns them (so a release without one still lacks it).
+OFF_IN_SOME_RELEASES: dict[str, Any] = {
+    "cascade_attn_enabled": False,
+    "routed_experts_initialized": False,
+}
+#: The distributed executor backend: the engine core's own (not torchrun's
+#: ``external_launcher``, which runs without the DP engine loop).
+EXECUTOR_BACKEND = "mp"
+
+
+@dataclasses.dataclass(frozen=True)
+class V1RunnerKit:
+    """What one release lends its rebuilt V1 runners, built once per sources."""
+
+    version: str | None
+    runner_class: type
+    forward_contexts: ForwardContexts
+    model_runner_output: type
+    empty_output: Any
+    draft_token_ids: type
+    #: The release's helper modules (lenient loads), by module name.
+    modules: dict[str, ModuleType]
+    #: The sync lane's V1 API of the release (reads descriptors, agreements).
+    api: V1API
+    #: The release's ``coordinate_batch_across_dp`` as the sync lane loaded it.
+    real_sync: Any
+    #: The attributes the release's ``GPUModelRunner`` methods assign on self.
+    assigned: frozenset[str]
+
+
+@functools.lru_cache(maxsize=16)
+def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
+    """The release's V1 runner pieces, made once per sources object."""
+    target = sources.target
+    if target.runner != "v1":
+        raise TargetError(
+            f"runner lane: {sources.label}'s target is the "
+            f"{target.runner.upper()} runner's, not V1's"
+        )
+    api = target.api
+    assert isinstance(api, V1API)
+    modules = {
+        name: sources.load_module(name, lenient=True)
+        for name in (OUTPUTS_MODULE, UBATCH_MODULE, MATH_MODULE)
+    }
+    version = sources.version
+    outputs = modules[OUTPUTS_MODULE]
+    forward_context = target.forward_context  # type: ignore[attr-defined]
+    dp_metadata = forward_context.__dict__.get("DPMetadata")
+    contexts = ForwardContexts(
+        None if dp_metadata is None or _stub(dp_metadata) else dp_metadata.make
+    )
+    real_sync = target.dp_utils.__dict__[V1_ENTRY]
+    model_runner_output = _real(outputs, "ModelRunnerOutput", version)
+    globals_: dict[str, Any] = {
+        "np": np,
+        "torch": torch,
+        "contextmanager": contextlib.contextmanager,
+        "functools": functools,
+        "CUDAGraphMode": target.CUDAGraphMode,
+        "BatchDescriptor": target.BatchExecutionDescriptor,
+        "SchedulerOutput": scheduler_types(sources).SchedulerOutput,
+        "ModelRunnerOutput": model_runner_output,
+        "EMPTY_MODEL_RUNNER_OUTPUT": _real(
+            outputs, "EMPTY_MODEL_RUNNER_OUTPUT", version
+        ),
+        "DraftTokenIds": _real(outputs, "DraftTokenIds", version),
+        V1_ENTRY: router(real_sync),
+        "set_forward_context": contexts.set_forward_context,
+        "get_pp_group": get_pp_group,
+        "get_tp_group": get_single_rank_group,
+        "has_kv_transfer_group": lambda: False,
+        "has_ec_transfer": lambda: False,
+        "record_function_or_nullcontext": lambda name: contextlib.nullcontext(),
+        "logger": standin("logger", debug=_ignore, info=_ignore, debug_once=_ignore),
+        "envs": standin("vllm.envs", VLLM_RANDOMIZE_DP_DUMMY_INPUTS=False),
+        # DCP is off (one rank): no dummy context, nothing to prepare.
+        "get_dcp_dummy_context_len": lambda *args: 0,
+        "prepare_dcp_dummy_context_metadata": _ignore,
+        "async_tensor_h2d": _to_tensor,
+        # A NamedTuple in vLLM, built positionally and unpacked likewise.
+        "ExecuteModelState": _execute_model_state,
+        "AsyncGPUModelRunnerOutput": AsyncV1Output,
+        "CUDAGraphStat": _NoCudagraphStat,
+    }
+    for module, name in (
+        (modules[UBATCH_MODULE], "maybe_create_ubatch_slices"),
+        (modules[MATH_MODULE], "cdiv"),
+    ):
+        value = module.__dict__.get(name)
+        if value is not None and not _stub(value):
+            globals_[name] = value
+    path = sources.path(MODEL_RUNNER_MODULE)
+    have = set(class_methods(path, "GPUModelRunner", version=version))
+    runner_class = real_class(
+        path,
+        "GPUModelRunner",
+        [name for name in RUN_FOR_REAL if name in REQUIRED or name in have],
+        version=version,
+        globals_=globals_,
+        bases=(V1RunnerStandIns,),
+        decorators={
+            "torch.inference_mode()": None,
+            "torch.inference_mode": None,
+        },
+        absent=ABSENT,
+    )
+    return V1RunnerKit(
+        version=version,
+        runner_class=_recording_class(runner_class),
+        forward_contexts=contexts,
+        model_runner_output=model_runner_output,
+        empty_output=globals_["EMPTY_MODEL_RUNNER_OUTPUT"],
+        draft_token_ids=globals_["DraftTokenIds"],
+        modules=modules,
+        api=api,
+        real_sync=real_sync,
+        assigned=_assigned(path, "GPUModelRunner"),
+    )
+
+
+def _stub(value: Any) -> bool:
+    from dpsim.targets.shim import is_stub
+
+    return bool(is_stub(value))
+
+
+def _recording_class(runner_class: type) -> type:
+    """The rebuilt runner with its caller method recorded per call."""
+
+    class GPUModelRunner(runner_class):
+        __qualname__ = runner_class.__qualname__
+
+        def _determine_batch_execution_and_padding(
+            self, *args: Any, **kwargs: Any
+        ) -> Any:
+            method = super()._determine_batch_execution_and_padding
+            bound = inspect.signature(method).bind(*args, **kwargs)
+            bound.apply_defaults()
+            parallel = self.parallel_config
+            return self._dpsim_syncs.caller(
+                method,
+                bound.arguments,
+                decode_query_len=self.uniform_decode_query_len,
+                num_ubatches=int(parallel.num_ubatches),
+                caller_frame=sys._getframe(1),
+            )
+
+    return GPUModelRunner
+
+
+# -- stand-ins for GPU work -------------------------------------------------------
+
+
+def _to_tensor(data: Any, device: Any = None, dtype: Any = None, **kwargs: Any) -> Any:
+    """``async_tensor_h2d``: the host data as a CPU tensor."""
+    tensor = torch.as_tensor(np.asarray(data))
+    return tensor if dtype is None else tensor.to(dtype)
+
+
+def _execute_model_state(*fields: Any) -> tuple[Any, ...]:
+    return tuple(fields)
+
+
+class _NoCudagraphStat:
+    """``CUDAGraphStat``: built only with CUDA-graph metrics on, which are off."""
+
+    def __init__(self, **fields: Any) -> None:
+        raise gap("CUDAGraphStat built: CUDA-graph metrics are off in the lane")
+
+
+class AsyncV1Output(StrictObject):
+    """``AsyncGPUModelRunnerOutput`` without its CUDA stream and event: the
+    output (sampled token ids already lists) is there at once."""
+
+    OWNER = "AsyncGPUModelRunnerOutput"
+
+    def __init__(self, model_runner_output: Any, **other: Any) -> None:
+        self.model_runner_output = model_runner_output
+        self.sampled_token_ids_cpu = None
+        self.async_copy_ready_event = None
+
+    def get_output(self) -> Any:
+        return self.model_runner_output
+
+
+class PersistentBatch(StrictObject):
+    """The slice of V1's ``InputBatch`` the DP path reads: the batch's
+    request ids in order (kept requests first, in their order, then new ones
+    as they arrive), each request's computed tokens, no LoRA, and the
+    sampling metadata's presence."""
+
+    OWNER = "InputBatch"
+
+    def __init__(self, vocab_size: int) -> None:
+        self.req_ids: list[str] = []
+        self.req_id_to_index: dict[str, int] = {}
+        self.lora_id_to_lora_request: dict[int, Any] = {}
+        self.vocab_size = vocab_size
+        self.num_computed_tokens_cpu = np.zeros(0, dtype=np.int32)
+        self.sampling_metadata = standin("SamplingMetadata", output_token_ids=[])
+        self.prev_sampled_token_ids: Any = None
+        self.block_table = standin(
+            "MultiGroupBlockTable", commit_block_table=_ignore, block_tables=[]
+        )
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    def set_async_sampled_token_ids(self, *args: Any) -> None:
+        """The sampled ids are kept on the CPU already."""
+
+    def update_async_output_token_ids(self) -> None:
+        """No sampling parameter needs the output ids."""
+
+
+@dataclasses.dataclass
+class _Request:
+    """What the runner keeps of one request: its token counts."""
+
+    num_tokens: int
+    num_computed_tokens: int
+
+
+class V1RunnerStandIns(StrictObject):
+    """The base of the rebuilt V1 runner: the methods that are GPU work or
+    InputBatch bookkeeping (see the module docstring)."""
+
+    OWNER = "GPUModelRunner"
+
+    def _update_states(self, scheduler_output: Any) -> None:
+        """The persistent batch after ``scheduler_output``: finished and
+        unscheduled requests out, new ones in, computed tokens as the
+        scheduler says (``CachedRequestData.num_computed_tokens``)."""
+        runner: Any = self
+        requests: dict[str, _Request] = runner.requests
+        for req_id in scheduler_output.finished_req_ids:
+            requests.pop(req_id, None)
+        scheduled = scheduler_output.num_scheduled_tokens
+        for new in scheduler_output.scheduled_new_reqs:
+            requests[new.req_id] = _Request(
+                len(new.prompt_token_ids), int(new.num_computed_tokens)
+            )
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, computed in zip(
+            cached.req_ids, cached.num_computed_tokens, strict=True
+        ):
+            request = requests[req_id]
+            request.num_computed_tokens = int(computed)
+            request.num_tokens = max(request.num_tokens, int(computed))
+        batch: PersistentBatch = runner.input_batch
+        kept = [r for r in batch.req_ids if r in scheduled and r in requests]
+        added = [r for r in scheduled if r not in kept]
+        batch.req_ids = kept + added
+        batch.req_id_to_index = {r: i for i, r in enumerate(batch.req_ids)}
+        batch.num_computed_tokens_cpu = np.array(
+            [requests[r].num_computed_tokens for r in batch.req_ids], dtype=np.int32
+        )
+
+    def _prepare_inputs(
+        self, scheduler_output: Any, num_scheduled_tokens: np.ndarray
+    ) -> tuple[torch.Tensor, Any, int]:
+        """The logits rows (each request's last token, plus its drafts' rows)
+        and the maximum number of sampled tokens per request; no spec-decode
+        metadata without drafts."""
+        runner: Any = self
+        req_ids = runner.input_batch.req_ids
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        ends = np.cumsum(num_scheduled_tokens)
+        drafts = [len(spec.get(r, ())) for r in req_ids]
+        rows = np.concatenate(
+            [np.arange(end - 1 - n, end) for end, n in zip(ends, drafts, strict=True)]
+        )
+        if any(drafts):
+            raise gap(
+                "GPUModelRunner._prepare_inputs with scheduled drafts "
+                "(spec-decode metadata is not modelled yet)"
+            )
+        runner._dpsim_max_seq_len = max(
+            int(runner.requests[r].num_computed_tokens + n)
+            for r, n in zip(req_ids, num_scheduled_tokens, strict=True)
+        )
+        return torch.from_numpy(rows.astype(np.int64)), None, 1 + max(drafts)
+
+    def _get_slot_mappings(self, **kwargs: Any) -> tuple[None, None]:
+        """No KV cache layers: no slot mappings."""
+        return None, None
+
+    def _build_attention_metadata(self, **kwargs: Any) -> tuple[dict[str, Any], Any]:
+        """No attention layers: empty metadata; the common metadata a drafter
+        reads keeps the batch's maximum sequence length (the fit check)."""
+        runner: Any = self
+        common = standin(
+            "CommonAttentionMetadata",
+            max_seq_len=runner._dpsim_max_seq_len,
+            num_reqs=kwargs.get("num_reqs"),
+            num_actual_tokens=kwargs.get("num_tokens"),
+        )
+        return {}, common
+
+    def _preprocess(
+        self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any
+    ) -> tuple[Any, ...]:
+        """Zero token ids and positions of the padded shape; no embeddings,
+        no extra model inputs, no EC connector output."""
+        runner: Any = self
+        return (
+            runner.input_ids.gpu[:num_input_tokens],
+            None,
+            runner.positions[:num_input_tokens],
+            None,
+            {},
+            None,
+        )
+
+    def _init_model_kwargs(self, num_reqs: int | None = None) -> dict[str, Any]:
+        return {}
+
+    def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
+        """One sampled token (id 0) per request: the modelled scheduler
+        decides acceptance itself."""
+        num_reqs = self.input_batch.num_reqs
+        return standin(
+            "SamplerOutput",
+            sampled_token_ids=torch.zeros(num_reqs, 1, dtype=torch.int64),
+            logprobs_tensors=None,
+        )
+
+    def _update_states_after_model_execute(self, *args: Any) -> None:
+        """Hybrid (Mamba) models' accepted-token bookkeeping: not such a model."""
+
+    def _bookkeeping_sync(
+        self,
+        scheduler_output: Any,
+        sampler_output: Any,
+        logits: Any,
+        hidden_states: Any,
+        num_scheduled_tokens: int,
+        *args: Any,
+    ) -> tuple[Any, ...]:
+        """The output's per-request lists: one token for a request whose
+        prompt is done, none for a partial prefill (vLLM discards it)."""
+        runner: Any = self
+        batch: PersistentBatch = runner.input_batch
+        scheduled = scheduler_output.num_scheduled_tokens
+        valid = []
+        for req_id in batch.req_ids:
+            request = runner.requests[req_id]
+            done = request.num_computed_tokens + scheduled[req_id] >= request.num_tokens
+            valid.append([0] if done else [])
+        return (
+            None,
+            None,
+            None,
+            valid,
+            {},
+            list(batch.req_ids),
+            dict(batch.req_id_to_index),
+            [],
+        )
+
+    @contextlib.contextmanager
+    def maybe_get_kv_connector_output(
+        self, scheduler_output: Any, **kwargs: Any
+    ) -> Iterator[None]:
+        """No KV connector: no connector output."""
+        yield None
+
+    def finalize_kv_connector(self) -> None:
+        """No KV connector."""
+
+    def _register_layerwise_nvtx_hooks(self) -> None:
+        """NVTX tracing is off."""
+
+    def _get_or_create_async_output_copy_stream(self) -> None:
+        return None
+
+    @contextlib.contextmanager
+    def maybe_dummy_run_with_lora(
+        self, lora_config: Any, *args: Any, **kwargs: Any
+    ) -> Iterator[None]:
+        """The LoRA mixin's dummy-run context: LoRA is off (refused), so nothing."""
+        if lora_config is not None:
+            raise gap("maybe_dummy_run_with_lora with a LoRA config (not modelled)")
+        yield
+
+
+# -- building ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class V1RankKit:
+    """One rank's share of the V1 lane, made before its drafter and runner
+    (a drafter builder, B's, is given it): the release's kit, the rank's
+    sync recorder and its parallel config (the runner's and the drafter's
+    ``coordinate_batch_across_dp`` calls are routed to ``recorder`` by this
+    very object: pass it as the drafter's ``parallel_config``)."""
+
+    kit: V1RunnerKit
+    recorder: V1SyncRecorder
+    parallel_config: Any
+    rank: int
+    dp_size: int
+
+    @property
+    def forward_contexts(self) -> ForwardContexts:
+        return self.kit.forward_contexts
+
+
+def v1_rank_kit(
+    sources: RunnerSources, rank: int, dp_size: int, phases: Phases | None = None
+) -> V1RankKit:
+    """Rank ``rank``'s kit: a fresh recorder (numbering its forward steps by
+    ``phases``, new when None) bound to a fresh parallel config."""
+    kit = v1_runner_kit(sources)
+    recorder = V1SyncRecorder(kit.api, kit.real_sync, phases or Phases())
+    parallel_config = sources.target.parallel_config(dp_size, rank, None)
+    parallel_config.distributed_executor_backend = EXECUTOR_BACKEND  # type: ignore[attr-defined]
+    parallel_config.enable_eplb = False  # type: ignore[attr-defined]
+    parallel_config.cp_kv_cache_interleave_size = 1  # type: ignore[attr-defined]
+    bind(parallel_config, recorder)
+    return V1RankKit(kit, recorder, parallel_config, rank, dp_size)
+
+
+def build_v1_model_runner(
+    sources: RunnerSources,
+    options: EngineOptions,
+    policy: CapturePolicy,
+    rank_kit: V1RankKit,
+    drafter: Any = None,
+) -> Any:
+    """The rank's real V1 ``GPUModelRunner`` (``rank_kit`` says which rank
+    of how many, and records its syncs); ``drafter`` is its proposer or None."""
+    if policy.microbatching is not None:
+        raise TargetError("runner lane: microbatching is not modelled")
+    if policy.lora_capture_cases is not None:
+        raise TargetError("runner lane: LoRA is not modelled")
+    if getattr(policy, "encoder_decoder", False):
+        raise TargetError("runner lane: encoder-decoder models are not modelled")
+    for what, policy_value, engine_value in (
+        ("decode_query_len", policy.decode_query_len, options.decode_query_len),
+        ("max_num_seqs", policy.max_num_seqs, options.max_num_seqs),
+    ):
+        if policy_value != engine_value:
+            raise UsageError(
+                f"runner lane: the capture policy's {what} ({policy_value}) is not "
+                f"the engine's ({engine_value})"
+            )
+    kit = rank_kit.kit
+    dispatcher = sources.target.build_manager(policy.manager_config(rank_kit.dp_size))
+    parallel_config = rank_kit.parallel_config
+    k = options.num_speculative_tokens
+    max_num_tokens = options.max_num_batched_tokens
+    compilation_config = standin(
+        "CompilationConfig",
+        cudagraph_mode=dispatcher.compilation_config.cudagraph_mode,
+        cudagraph_specialize_lora=False,
+        pass_config=standin("PassConfig", enable_sp=False),
+    )
+    model_config = standin(
+        "ModelConfig", is_encoder_decoder=False, multimodal_config=None
+    )
+    vllm_config = standin(
+        "VllmConfig",
+        parallel_config=parallel_config,
+        compilation_config=compilation_config,
+        model_config=model_config,
+        observability_config=standin("ObservabilityConfig", cudagraph_metrics=False),
+    )
+    per_release = {
+        name: value
+        for name, value in OFF_IN_SOME_RELEASES.items()
+        if name in kit.assigned
+    }
+    return instance(
+        kit.runner_class,
+        **per_release,
+        _dpsim_syncs=rank_kit.recorder,
+        _dpsim_max_seq_len=0,
+        vllm_config=vllm_config,
+        parallel_config=parallel_config,
+        compilation_config=compilation_config,
+        model_config=model_config,
+        scheduler_config=standin("SchedulerConfig", max_num_seqs=options.max_num_seqs),
+        cache_config=standin(
+            "CacheConfig", kv_sharing_fast_prefill=False, mamba_cache_mode="none"
+        ),
+        speculative_config=None,
+        drafter=drafter,
+        lora_config=None,
+        device=torch.device("cpu"),
+        max_model_len=options.max_model_len,
+        max_num_tokens=max_num_tokens,
+        max_num_reqs=options.max_num_seqs,
+        uniform_decode_query_len=options.decode_query_len,
+        num_spec_tokens=k,
+        cudagraph_dispatcher=dispatcher,
+        model=FakeModel(kit.forward_contexts, VOCAB_SIZE),
+        requests={},
+        input_batch=PersistentBatch(VOCAB_SIZE),
+        execute_model_state=None,
+        kv_connector_output=None,
+        kv_cache_config=standin("KVCacheConfig", kv_cache_groups=[]),
+        attn_groups=[],
+        eplb_state=None,
+        eep_eplb_suppressed=False,
+        use_async_scheduling=options.async_scheduling,
+        use_aux_hidden_state_outputs=False,
+        broadcast_pp_output=False,
+        is_pooling_model=False,
+        supports_mm_inputs=False,
+        enable_prompt_embeds=False,
+        uses_mrope=False,
+        intermediate_tensors=None,
+        prepare_inputs_event=None,
+        dcp_world_size=1,
+        check_ep_fault=False,
+        num_prompt_logprobs={},
+        _draft_token_ids=None,
+        _draft_token_req_ids=None,
+        is_padding=torch.zeros(max_num_tokens, dtype=torch.bool),
+        arange_np=np.arange(max(options.max_num_seqs, max_num_tokens) + 1),
+        input_ids=_Buffer(torch.zeros(max_num_tokens, dtype=torch.int32)),
+        positions=torch.zeros(max_num_tokens, dtype=torch.int64),
+        seq_lens=torch.zeros(options.max_num_seqs, dtype=torch.int32),
+        optimistic_seq_lens_cpu=torch.zeros(options.max_num_seqs, dtype=torch.int32),
+        query_pos=_Buffer(np.zeros(max_num_tokens, dtype=np.int64)),
+        query_start_loc=_CopiedBuffer(
+            np.zeros(options.max_num_seqs + 1, dtype=np.int32)
+        ),
+    )
+
+
+class _CopiedBuffer(_Buffer):
+    """A ``CpuGpuBuffer`` whose host-to-device copy is the same array."""
+
+    def copy_to_gpu(self, *args: Any) -> None:
+        """The "GPU" tensor shares the host array."""
+
+
+def runner_file(sources: RunnerSources) -> Path:
+    """The release's ``gpu_model_runner.py``."""
+    return sources.path(MODEL_RUNNER_MODULE)

@@ -1,0 +1,155 @@
+"""The real V1 Worker and GPUModelRunner on two virtual ranks.
+
+A busy rank runs real steps (``Worker.execute_model`` then ``sample_tokens``)
+on hand-built ``SchedulerOutput``s of the release's own class (the V2 lane's
+test helper :class:`Steps`); an idle rank runs the real
+``execute_dummy_batch``. Planted bugs are textual edits of the cached
+release's ``v1/worker/gpu_model_runner.py`` in a temporary tree.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_lanes_runner_worker import OPTIONS, PIECEWISE, Steps, _collectives, _idle
+
+from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.strict import collect_gaps
+from dpsim.lanes.runner.v1.model_runner import MODEL_RUNNER_MODULE
+from dpsim.lanes.runner.v1.worker import build_v1_worker
+from dpsim.records.groups import DP_DEVICE_GROUP, EP_GROUP
+from dpsim.records.sync import SYNC_EVENT
+from dpsim.records.trace import Outcome, SimResult
+from dpsim.sim import simulate
+from dpsim.targets.spec import TargetSpec, TreeSpec
+
+pytestmark = pytest.mark.release
+RELEASES = ("0.33.0",)
+
+
+def _sources(version: str) -> RunnerSources:
+    return RunnerSources.for_release(version, "v1")
+
+
+def _run(
+    sources: RunnerSources, programs: dict[int, Callable[[Any, Steps], Any]]
+) -> tuple[SimResult, list[str]]:
+    """Each rank's program gets its own real V1 worker; the run's gaps too."""
+    steps = Steps(sources)
+    workers = [
+        build_v1_worker(sources, OPTIONS, PIECEWISE, rank, len(programs))
+        for rank in range(len(programs))
+    ]
+    with collect_gaps() as gaps:
+        result = simulate(
+            lambda rank: programs[rank](workers[rank], steps), ranks=len(programs)
+        )
+    return result, gaps
+
+
+def _busy(worker: Any, steps: Steps) -> list[Any]:
+    """Two requests: a 3-token prefill, then two decodes."""
+    ids = ["a", "b"]
+    sampled = []
+    for output in (steps.prefill(ids, 3), steps.decode(ids, 3), steps.decode(ids, 4)):
+        assert worker.execute_model(output) is None
+        sampled.append(worker.sample_tokens(None).sampled_token_ids)
+    return sampled
+
+
+def _syncs(result: SimResult, rank: int) -> list[dict[str, Any]]:
+    return [e.payload for e in result.ranks[rank].events if e.kind == SYNC_EVENT]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_busy_rank_and_an_idle_ranks_dummy_batches_agree(version: str) -> None:
+    result, gaps = _run(_sources(version), {0: _busy, 1: _idle})
+    assert gaps == []
+    assert result.outcome == Outcome.OK, result.ranks
+    assert result.returns()[0] == [[[0], [0]]] * 3
+    for group in (DP_DEVICE_GROUP, EP_GROUP):
+        assert _collectives(result, 0, group) == _collectives(result, 1, group)
+    # One real coordinate_batch_across_dp all-reduce per step, on the DP
+    # device group (V1's default), and one forward each.
+    assert len(_collectives(result, 0, DP_DEVICE_GROUP)) == 3
+    assert len(_collectives(result, 0, EP_GROUP)) == 3
+    busy, idle = _syncs(result, 0), _syncs(result, 1)
+    assert [s["phase"] for s in idle] == [f"iter {n} model" for n in (1, 2, 3)]
+    assert {s["inputs"]["kind"] for s in idle} == {"dummy"}
+    assert [s["inputs"]["kind"] for s in busy] == ["batch", "decode", "decode"]
+    # Both ranks read the same agreement off the same all-reduce.
+    assert [s["agreement"] for s in busy] == [s["agreement"] for s in idle]
+    assert busy[1]["descriptor"]["cg_mode"] == "FULL"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_real_early_return_leaves_a_peer_waiting_without_the_engine(
+    version: str,
+) -> None:
+    # execute_model returns before the DP all-reduce on a 0-token step; only
+    # the engine loop's dummy batch keeps the ranks paired.
+    def zero_tokens(worker: Any, steps: Steps) -> Any:
+        return worker.execute_model(steps.empty())
+
+    result, gaps = _run(_sources(version), {0: _busy, 1: zero_tokens})
+    assert gaps == []
+    assert result.outcome == Outcome.HANG
+    assert _collectives(result, 1, DP_DEVICE_GROUP) == []
+
+
+def _planted(tmp_path: Path, version: str, old: str, new: str) -> RunnerSources:
+    """A copy of the cached release with one edit to its gpu_model_runner.py."""
+    base = _sources(version)
+    tree = tmp_path / "vllm"
+    shutil.copytree(base.package_dir, tree)
+    path = tree / "v1/worker/gpu_model_runner.py"
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} is not once in {version}'s runner"
+    path.write_text(text.replace(old, new))
+    sources = RunnerSources.for_spec(TargetSpec(TreeSpec(tree), runner="v1"))
+    assert sources.path(MODEL_RUNNER_MODULE) == path
+    return sources
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_dummy_run_at_its_local_count_is_caught(version: str, tmp_path: Path) -> None:
+    # Bug class of vLLM 25906 in the V1 runner: the dummy run forwards its
+    # own count, not the agreed padded one.
+    sources = _planted(
+        tmp_path,
+        version,
+        "        num_tokens_padded = batch_desc.num_tokens\n        num_reqs_padded",
+        "        num_tokens_padded = num_tokens_unpadded\n        num_reqs_padded",
+    )
+    result, gaps = _run(sources, {0: _busy, 1: _idle})
+    assert gaps == []
+    # vLLM's own count check in the forward context (DPMetadata.make) stops
+    # the idle rank; its peer waits in the forward's EP collective.
+    assert result.outcome == Outcome.CRASH
+    error = result.ranks[1].error
+    assert error is not None and error.type == "AssertionError"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_a_stand_in_asked_what_it_was_not_written_for_is_a_gap(
+    version: str, tmp_path: Path
+) -> None:
+    sources = _planted(
+        tmp_path,
+        version,
+        "if self.cache_config.kv_sharing_fast_prefill:\n"
+        "                assert not self.num_prompt_logprobs",
+        "if self.cache_config.kv_sharing_fast_prefill_v2:\n"
+        "                assert not self.num_prompt_logprobs",
+    )
+    result, gaps = _run(sources, {0: _busy, 1: _idle})
+    assert len(gaps) == 1
+    assert gaps[0].startswith(
+        "CacheConfig.kv_sharing_fast_prefill_v2 read at v1/worker/gpu_model_runner.py:"
+    )
+    assert gaps[0].endswith(" in execute_model")
+    assert result.outcome != Outcome.OK
