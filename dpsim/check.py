@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from random import Random
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis.database import ExampleDatabase
@@ -49,6 +50,9 @@ from dpsim.scenarios.generate import (
 )
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
+
+if TYPE_CHECKING:
+    from dpsim.coverage import Measurement
 
 DEFAULT_EXAMPLES = 300
 
@@ -75,6 +79,9 @@ class CheckOptions:
     #: bug the original already has neither kills every mutant nor hides the
     #: property from the cases where the original holds it.
     baseline: Target | None = field(default=None, compare=False)
+    #: Target coverage (``--coverage``): each case's run is traced inside
+    #: ``coverage.running(scenario, profile)``; generation is not.
+    coverage: Measurement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -306,7 +313,13 @@ def _check_scenario(
             progress(scenario, examples, options.examples)
         judged = time.perf_counter()
         try:
-            result, verdicts = evaluate(target, case, properties, options.baseline)
+            if options.coverage is None:
+                result, verdicts = evaluate(target, case, properties, options.baseline)
+            else:
+                with options.coverage.running(scenario, options.profile):
+                    result, verdicts = evaluate(
+                        target, case, properties, options.baseline
+                    )
         except PolicyRefused:
             reject()
         finally:

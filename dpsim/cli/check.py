@@ -28,6 +28,7 @@ from dpsim.check import (
     run_check,
 )
 from dpsim.cli import add_command, check_output_directory
+from dpsim.coverage import cli as coverage_cli
 from dpsim.database import open_database
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_isolated
@@ -111,6 +112,7 @@ def register(commands: Any) -> None:
         "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    coverage_cli.add_argument(parser)
     add_lane_argument(parser)
     allowances.add_arguments(parser)
     parser.set_defaults(run=run)
@@ -223,6 +225,7 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
     """The check itself, in the child :func:`run_isolated` forks."""
     with prints_to_stderr():
         target = load_spec(spec)
+        measurement = coverage_cli.sync_measurement(arguments, target)
         options = CheckOptions(
             scenarios=tuple(dict.fromkeys(arguments.scenario)),
             properties=tuple(dict.fromkeys(arguments.property)),
@@ -232,6 +235,7 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
             examples=arguments.examples,
             seed=arguments.seed,
             database=open_database(arguments.db) if arguments.db else None,
+            coverage=measurement,
         )
         progress = None if arguments.json else _Progress(target)
         try:
@@ -244,10 +248,20 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
             if progress is not None:
                 progress.close()
     written = write_counterexamples(report, Path(arguments.out))
+    covered = None
+    if measurement is not None:
+        covered = coverage_cli.finish(
+            measurement.result(target.version), Path(arguments.out), target.label
+        )
     if arguments.json:
-        print(json.dumps(summary(report, written), sort_keys=True))
+        data = summary(report, written)
+        if covered is not None:
+            data["coverage"] = covered[1]
+        print(json.dumps(data, sort_keys=True))
     else:
         print(render_report(report, written))
+        if covered is not None:
+            print(covered[0])
     if report.interrupted:
         return EXIT_INTERRUPTED
     return 0 if report.passed else 1

@@ -37,8 +37,8 @@ _SEPARATOR = "\t"
 
 
 class Measurement:
-    """coverage.py over ``scopes``: traced inside :meth:`running` blocks within
-    the ``with`` block; :meth:`result` after it."""
+    """coverage.py over ``scopes``: traced inside :meth:`running` blocks, read
+    by :meth:`result` (or at the end of a ``with`` block)."""
 
     def __init__(
         self, scopes: Iterable[Scope], marks: tuple[Unreachable, ...] | None = None
@@ -47,13 +47,10 @@ class Measurement:
         for scope in self.scopes:
             analyse(scope)  # a bad scope is refused before anything runs
         self.marks = marks
-        self._coverage: coverage.Coverage | None = None
         self._context: tuple[str, str] | None = None
-        self._contexts: Contexts = {}
-
-    def __enter__(self) -> Measurement:
+        self._contexts: Contexts | None = None
         paths = sorted({os.path.realpath(scope.path) for scope in self.scopes})
-        self._coverage = coverage.Coverage(
+        self._coverage: coverage.Coverage | None = coverage.Coverage(
             data_file=None,
             branch=True,
             include=paths,
@@ -61,6 +58,8 @@ class Measurement:
             config_file=False,
         )
         self._coverage.set_option("run:disable_warnings", _QUIET)
+
+    def __enter__(self) -> Measurement:
         return self
 
     @contextmanager
@@ -74,7 +73,7 @@ class Measurement:
         """
         measured = self._coverage
         if measured is None:
-            raise RuntimeError("Measurement.running() outside its with block")
+            raise RuntimeError("Measurement.running() after its result was taken")
         measured.start()
         try:
             if self._context != (scenario, profile):
@@ -90,9 +89,14 @@ class Measurement:
         error: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        assert self._coverage is not None
-        self._contexts = self._harvest(self._coverage)
-        self._coverage = None
+        self._finish()
+
+    def _finish(self) -> Contexts:
+        if self._contexts is None:
+            assert self._coverage is not None
+            self._contexts = self._harvest(self._coverage)
+            self._coverage = None
+        return self._contexts
 
     def _harvest(self, measured: coverage.Coverage) -> Contexts:
         data = measured.get_data()
@@ -112,7 +116,8 @@ class Measurement:
         return contexts
 
     def result(self, version: str | None) -> CoverageResult:
-        return CoverageResult.of(self.scopes, version, self._contexts, self.marks)
+        """What the ``running`` blocks executed; no block runs after this."""
+        return CoverageResult.of(self.scopes, version, self._finish(), self.marks)
 
 
 def measure(
