@@ -25,6 +25,7 @@ example shrinks to something like ``capture_sizes=[1], cudagraph_mode=FULL``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -39,6 +40,8 @@ from dpsim.records.policy import (
     vllm_default_sizes,
 )
 from dpsim.targets.buildable import BuildRules
+
+from .once import BOOLEANS, ints
 
 __all__ = [
     "MODES_SIMPLEST_FIRST",
@@ -57,8 +60,11 @@ MODES_SIMPLEST_FIRST = (
     CudagraphMode.NONE,
 )
 _CAPTURING_MODES = MODES_SIMPLEST_FIRST[:-1]
+_MODE_CHOICE = st.sampled_from(MODES_SIMPLEST_FIRST)
+_CAPTURING_MODE_CHOICE = st.sampled_from(_CAPTURING_MODES)
 
 _TYPICAL_MAX_NUM_SEQS = (16, 32, 64, 128, 256, 512, 1024)
+_MAX_NUM_SEQS_CHOICE = st.sampled_from(_TYPICAL_MAX_NUM_SEQS)
 _CEILINGS = (1, 8, 16, 32, 64, 128, 256, 512)
 
 
@@ -70,11 +76,15 @@ def _stepped(step: int, ceiling: int) -> tuple[int, ...]:
     return tuple(range(step, ceiling + 1, step)) or (step,)
 
 
+_CEILING_CHOICE = st.sampled_from(_CEILINGS)
+_SHAPE_CHOICE = st.sampled_from(("default", "powers_of_two", "step8", "step16"))
+
+
 @st.composite
 def realistic_sizes(draw: st.DrawFn) -> tuple[int, ...]:
     """Capture-size lists of the shapes vLLM and operators use."""
-    ceiling = draw(st.sampled_from(_CEILINGS))
-    shape = draw(st.sampled_from(("default", "powers_of_two", "step8", "step16")))
+    ceiling = draw(_CEILING_CHOICE)
+    shape = draw(_SHAPE_CHOICE)
     if shape == "default":
         return vllm_default_sizes(ceiling)
     if shape == "powers_of_two":
@@ -86,6 +96,9 @@ def realistic_sizes(draw: st.DrawFn) -> tuple[int, ...]:
 _TYPICAL_MAX_LORAS = (4, 8, 1, 2, 16)
 
 
+# Cached, as the two below: a policy draw asks for them every time (see
+# dpsim.capture.once).
+@functools.lru_cache(maxsize=256)
 def _lora_cases(
     capabilities: Capabilities, adversarial: bool, rules: BuildRules | None
 ) -> st.SearchStrategy:
@@ -117,6 +130,7 @@ def _lora_cases(
     )
 
 
+@functools.lru_cache(maxsize=256)
 def _microbatching(
     capabilities: Capabilities, adversarial: bool, rules: BuildRules | None
 ) -> st.SearchStrategy:
@@ -148,14 +162,14 @@ def _realistic(
     with_drafter: bool,
     rules: BuildRules | None = None,
 ) -> CapturePolicy:
-    mode = draw(st.sampled_from(MODES_SIMPLEST_FIRST))
-    max_num_seqs = draw(st.sampled_from(_TYPICAL_MAX_NUM_SEQS))
-    decode_query_len = draw(st.integers(1, 8))
+    mode = draw(_MODE_CHOICE)
+    max_num_seqs = draw(_MAX_NUM_SEQS_CHOICE)
+    decode_query_len = draw(ints(1, 8))
     # Draw the sizes even when they are then replaced: Hypothesis ranks
     # shorter choice sequences as simpler, so a branch that skipped draws
     # would beat [1] during shrinking.
-    sizes = draw(realistic_sizes())
-    if draw(st.booleans()):
+    sizes = draw(_REALISTIC_SIZES)
+    if draw(BOOLEANS):
         # Exactly what vLLM computes when the user configures nothing.
         ceiling = vllm_default_max_capture_size(max_num_seqs, decode_query_len)
         sizes = vllm_default_sizes(ceiling)
@@ -163,16 +177,12 @@ def _realistic(
         capabilities.has_varlen_decode
         and decode_query_len > 1
         and mode in (CudagraphMode.FULL_AND_PIECEWISE, CudagraphMode.FULL_DECODE_ONLY)
-        and draw(st.booleans())
+        and draw(BOOLEANS)
     )
     drafter = None
-    if with_drafter and decode_query_len > 1 and draw(st.booleans()):
+    if with_drafter and decode_query_len > 1 and draw(BOOLEANS):
         # vLLM's drafters capture one-token decode steps over their own sizes.
-        drafter = draw(
-            _realistic(capabilities, with_drafter=False, rules=rules).map(
-                lambda d: replace(d, decode_query_len=1, microbatching=None)
-            )
-        )
+        drafter = draw(_realistic_drafters(capabilities, rules))
     return CapturePolicy(
         capture_sizes=sizes,
         cudagraph_mode=mode,
@@ -184,6 +194,18 @@ def _realistic(
         microbatching=draw(_microbatching(capabilities, False, rules)),
         drafter=drafter,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _realistic_drafters(
+    capabilities: Capabilities, rules: BuildRules | None
+) -> st.SearchStrategy[CapturePolicy]:
+    return _realistic(capabilities, with_drafter=False, rules=rules).map(
+        lambda d: replace(d, decode_query_len=1, microbatching=None)
+    )
+
+
+_REALISTIC_SIZES = realistic_sizes()
 
 
 def realistic_policies(
@@ -201,12 +223,19 @@ def realistic_policies(
 _ODD_SIZES = (96, 7, 13, 100, 1000, 3, 257)
 
 
+# Each element is one choice of branch plus one value whichever branch,
+# so the list [1] stays the simplest draw.
+_ADVERSARIAL_SIZE_LISTS = st.lists(
+    st.one_of(st.integers(1, 2048), st.sampled_from(_ODD_SIZES)),
+    min_size=1,
+    max_size=10,
+    unique=True,
+)
+
+
 @st.composite
 def _adversarial_sizes(draw: st.DrawFn) -> tuple[int, ...]:
-    # Each element is one choice of branch plus one value whichever branch,
-    # so the list [1] stays the simplest draw.
-    element = st.one_of(st.integers(1, 2048), st.sampled_from(_ODD_SIZES))
-    return tuple(sorted(draw(st.lists(element, min_size=1, max_size=10, unique=True))))
+    return tuple(sorted(draw(_ADVERSARIAL_SIZE_LISTS)))
 
 
 @st.composite
@@ -216,23 +245,23 @@ def _adversarial(
     with_drafter: bool,
     rules: BuildRules | None = None,
 ) -> CapturePolicy:
-    sizes = draw(_adversarial_sizes())
-    mode = draw(st.sampled_from(_CAPTURING_MODES))
-    max_num_seqs = draw(st.integers(1, 1024))
-    decode_query_len = draw(st.integers(1, 8))
+    sizes = draw(_ADVERSARIAL_SIZES)
+    mode = draw(_CAPTURING_MODE_CHOICE)
+    max_num_seqs = draw(ints(1, 1024))
+    decode_query_len = draw(ints(1, 8))
     # Possibly below the largest size: the manager then drops decode graphs
     # that a size would otherwise give.
-    max_capture_size = draw(st.one_of(st.none(), st.integers(1, 2048)))
+    max_capture_size = draw(_CEILING_OR_NONE)
     if (
         rules is not None
         and max_capture_size is not None
         and not rules.accepts_ceiling(sizes, max_capture_size)
     ):
         max_capture_size = None
-    varlen = capabilities.has_varlen_decode and draw(st.booleans())
+    varlen = capabilities.has_varlen_decode and draw(BOOLEANS)
     drafter = None
-    if with_drafter and draw(st.booleans()):
-        drafter = draw(_adversarial(capabilities, with_drafter=False, rules=rules))
+    if with_drafter and draw(BOOLEANS):
+        drafter = draw(_adversarial_drafters(capabilities, rules))
     return CapturePolicy(
         capture_sizes=sizes,
         cudagraph_mode=mode,
@@ -244,6 +273,17 @@ def _adversarial(
         microbatching=draw(_microbatching(capabilities, True, rules)),
         drafter=drafter,
     )
+
+
+_ADVERSARIAL_SIZES = _adversarial_sizes()
+_CEILING_OR_NONE = st.one_of(st.none(), st.integers(1, 2048))
+
+
+@functools.lru_cache(maxsize=256)
+def _adversarial_drafters(
+    capabilities: Capabilities, rules: BuildRules | None
+) -> st.SearchStrategy[CapturePolicy]:
+    return _adversarial(capabilities, with_drafter=False, rules=rules)
 
 
 def adversarial_policies(

@@ -33,6 +33,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from dpsim.capture import strategies as policy_strategies
+from dpsim.capture.once import BOOLEANS, ints, sampled
 from dpsim.errors import UsageError
 from dpsim.records.case import PROFILES, Case, RankBatch
 from dpsim.records.policy import (
@@ -178,8 +179,8 @@ def cases(
     @st.composite
     def draw_case(draw: st.DrawFn) -> Case:
         chosen = _fit_policy(draw, draw(policies), scenario, profile, fit_rules)
-        dp_size = draw(st.integers(low, high))
-        steps = draw(st.integers(1, max_steps))
+        dp_size = draw(ints(low, high))
+        steps = draw(ints(1, max_steps))
         if v1 is not None:
             fitted = v1.fit(chosen)
             assume(fitted is not None)  # a table this release refuses to build
@@ -230,23 +231,21 @@ def _fit_policy(
             drafter = rules.drafter_table(drafter)
         policy = replace(policy, drafter=drafter)
     if scenario == "drafter" and policy.decode_query_len < 2:
-        policy = replace(policy, decode_query_len=draw(st.integers(2, 8)))
+        policy = replace(policy, decode_query_len=draw(ints(2, 8)))
     # Microbatched graphs are FULL graphs: most ubatch cases should have some
     # to choose from (the others still test eager splits).
     if (
         scenario == "ubatch"
         and policy.cudagraph_mode in (CudagraphMode.NONE, CudagraphMode.PIECEWISE)
-        and draw(st.booleans())
+        and draw(BOOLEANS)
     ):
-        policy = replace(
-            policy, cudagraph_mode=draw(st.sampled_from(FULL_CAPABLE_MODES))
-        )
+        policy = replace(policy, cudagraph_mode=draw(sampled(FULL_CAPABLE_MODES)))
     if scenario == "ubatch" and policy.microbatching is None:
         # Thresholds at the table's edges, where the batches are drawn: a
         # threshold far above every batch would never microbatch at all.
-        thresholds = st.sampled_from([0, *_edge_values(policy)])
+        thresholds = sampled((0, *_edge_values(policy)))
         settings = Microbatching(
-            num_ubatches=draw(st.integers(2, 3)),
+            num_ubatches=draw(ints(2, 3)),
             decode_token_threshold=draw(thresholds),
             prefill_token_threshold=draw(thresholds),
         )
@@ -319,15 +318,13 @@ def _caller_batches(
             max_query_len=bound if has("max_query_len") else None,
             # Encoder-decoder steps with encoder inputs skip graphs on that rank.
             need_eager=(
-                draw(st.sampled_from((False, False, False, True)))
-                if has("need_eager") and not dummy
-                else False
+                draw(_ONE_IN_FOUR) if has("need_eager") and not dummy else False
             ),
             num_active_loras=active,
             allow_ubatching=has("allow_ubatching") and policy.microbatching is not None,
             uniform_decode=has("uniform_decode") and uniform == query_len,
             allow_skip_drafts=(
-                draw(st.booleans()) if has("allow_skip_drafts") and not dummy else False
+                draw(BOOLEANS) if has("allow_skip_drafts") and not dummy else False
             ),
             kind=kind,
         )
@@ -348,9 +345,26 @@ def _caller_batches(
         if decode_threshold <= size <= max_reqs * query_len
     ] or list(policy.capture_sizes)
     split_anchors = st.sampled_from(graph_sizes) if graph_sizes else anchors
+    shorter_lengths = ints(1, query_len - 1) if query_len > 1 else None
+    mix_choice = st.sampled_from(mixes)
+
+    # Strategies that depend on the step's anchor, built once per anchor.
+    @functools.lru_cache(maxsize=256)
+    def decodes_near(anchor: int) -> st.SearchStrategy[int]:
+        near = _near(anchor)
+        return st.one_of(
+            st.sampled_from(
+                sorted({max(1, min(max_reqs, value // query_len)) for value in near})
+            ),
+            decode_requests,
+        )
+
+    @functools.lru_cache(maxsize=256)
+    def tokens_near(anchor: int) -> st.SearchStrategy[int]:
+        return st.one_of(st.sampled_from(_near(anchor)), tokens)
 
     def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(sampled(kinds))
         if kind == "dummy":
             # An idle rank runs vLLM's dummy batch: one request of one decode.
             return finish([query_len], False, kind, draw)
@@ -363,38 +377,25 @@ def _caller_batches(
             least = max(1, -(-graph // 2), decode_threshold)
             low = min(max_reqs, -(-least // query_len))
             high = max(low, min(max_reqs, graph // query_len))
-            reqs = draw(st.integers(low, high))
+            reqs = draw(ints(low, high))
             return finish([query_len] * reqs, False, "decode", draw)
-        near = _near(anchor)
-        if kind == "varlen" and query_len > 1:
+        if kind == "varlen" and shorter_lengths is not None:
             # Speculative decodes whose requests got fewer drafts than the
             # most: 1..q tokens each, so ranks differ in the query-length
             # bound that varlen decode graphs are chosen by.
             reqs = draw(decode_requests)
-            shorter = draw(st.integers(1, query_len - 1))
-            short = draw(st.integers(1, reqs))
+            shorter = draw(shorter_lengths)
+            short = draw(ints(1, reqs))
             lengths = [query_len] * (reqs - short) + [shorter] * short
             return finish(lengths, False, kind, draw)
         if kind in ("decode", "varlen"):
-            reqs = draw(
-                st.one_of(
-                    st.sampled_from(
-                        sorted(
-                            {
-                                max(1, min(max_reqs, value // query_len))
-                                for value in near
-                            }
-                        )
-                    ),
-                    decode_requests,
-                )
-            )
+            reqs = draw(decodes_near(anchor))
             return finish([query_len] * reqs, False, "decode", draw)
-        total = draw(st.one_of(st.sampled_from(near), tokens))
-        prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
+        total = draw(tokens_near(anchor))
+        prefills = draw(ints(1, max(1, min(total, max_reqs))))
         lengths = _split(total, prefills)
         if kind == "mixed":
-            decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
+            decodes = draw(ints(0, max(0, max_reqs - prefills)))
             lengths = [query_len] * decodes + lengths
         return finish(lengths, True, kind, draw)
 
@@ -412,12 +413,11 @@ def _caller_batches(
         # around one anchor, often a capture size, so the relations between
         # ranks that padding decisions hinge on (max vs min, half a graph)
         # come up at any DP size.
-        kinds = draw(st.sampled_from(mixes))
+        kinds = draw(mix_choice)
         anchor = draw(split_anchors if kinds == SPLIT else anchors)
-        palette = [
-            one_rank(draw, kinds, anchor) for _ in range(draw(st.integers(1, 3)))
-        ]
-        batches = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        palette = [one_rank(draw, kinds, anchor) for _ in range(draw(_PALETTE_SIZES))]
+        pick = st.sampled_from(palette)  # one strategy for every rank's draw
+        batches = [draw(pick) for _ in range(dp_size)]
         if all(batch.kind == "dummy" for batch in batches):
             # With no work anywhere vLLM does not step at all.
             # That rank's batch is real work, with its own LoRA count.
@@ -440,47 +440,50 @@ def _contract_batches(
     counts = st.one_of(token_counts(policy), st.just(0))
     loras = active_loras(policy)
 
+    @functools.lru_cache(maxsize=256)
+    def uniforms(divisors: tuple[int, ...]) -> st.SearchStrategy[int | None]:
+        return st.one_of(st.none(), st.sampled_from(divisors))
+
+    @functools.lru_cache(maxsize=256)
+    def bounds(least: int, most: int) -> st.SearchStrategy[int | None]:
+        return st.one_of(st.none(), st.integers(least, most))
+
     def one_rank(draw: st.DrawFn) -> RankBatch:
         tokens = draw(counts)
         uniform: int | None = None
         bound: int | None = None
         reqs = 0
         if tokens:
-            divisors = [
+            divisors = tuple(
                 u for u in range(1, 9) if tokens % u == 0 and tokens // u <= max_reqs
-            ]
-            uniform = (
-                draw(st.one_of(st.none(), st.sampled_from(divisors)))
-                if divisors
-                else None
             )
+            uniform = draw(uniforms(divisors)) if divisors else None
             if uniform is not None:
                 reqs = tokens // uniform
             else:
-                reqs = draw(st.integers(1, max(1, min(tokens, max_reqs))))
+                reqs = draw(ints(1, max(1, min(tokens, max_reqs))))
             if has("max_query_len"):
                 least = uniform or -(-tokens // reqs)
-                bound = draw(
-                    st.one_of(st.none(), st.integers(least, max(least, tokens)))
-                )
+                bound = draw(bounds(least, max(least, tokens)))
         profile_run = scenario == "profile"
         return RankBatch(
             num_reqs=reqs,
             num_tokens=tokens,
             uniform_token_count=uniform,
             max_query_len=bound,
-            need_eager=profile_run or (has("need_eager") and draw(st.booleans())),
+            need_eager=profile_run or (has("need_eager") and draw(BOOLEANS)),
             num_active_loras=draw(loras) if has("num_active_loras") else 0,
-            allow_ubatching=has("allow_ubatching") and draw(st.booleans()),
+            allow_ubatching=has("allow_ubatching") and draw(BOOLEANS),
             uniform_decode=has("uniform_decode") and uniform == query_len,
-            allow_skip_drafts=has("allow_skip_drafts") and draw(st.booleans()),
+            allow_skip_drafts=has("allow_skip_drafts") and draw(BOOLEANS),
             kind="idle" if tokens == 0 else "batch",
         )
 
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # As for callers: ranks share a palette of a few shapes (see above).
-        palette = [one_rank(draw) for _ in range(draw(st.integers(1, 3)))]
-        return [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        palette = [one_rank(draw) for _ in range(draw(_PALETTE_SIZES))]
+        pick = st.sampled_from(palette)  # one strategy for every rank's draw
+        return [draw(pick) for _ in range(dp_size)]
 
     return step
 
@@ -495,6 +498,11 @@ def active_loras(
     cases = policy.lora_capture_cases or (0,)
     return st.integers(0, max(cases))
 
+
+#: How many shapes a step's palette has.
+_PALETTE_SIZES = ints(1, 3)
+#: True one time in four (a caller batch's need_eager).
+_ONE_IN_FOUR = st.sampled_from((False, False, False, True))
 
 #: Which kinds of batch one step may mix (swarm testing); simplest first.
 KIND_MIXES: tuple[tuple[str, ...], ...] = (

@@ -41,13 +41,14 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
+from dpsim.capture.once import BOOLEANS, ints
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import Capabilities, CapturePolicy
 from dpsim.targets.buildable import BuildRules, rules_for
 from dpsim.targets.load import Target
 from dpsim.targets.v1.dispatcher import lora_settings
 
-from .generate import KIND_MIXES, _near, active_loras, token_counts
+from .generate import _PALETTE_SIZES, KIND_MIXES, _near, active_loras, token_counts
 
 #: The first release whose ``execute_dummy_batch`` runs ``uniform_decode_query_len``
 #: tokens (0.12-0.18 run one token).
@@ -134,7 +135,7 @@ class V1Generation:
         takes encoder inputs (before that the flag would change nothing)."""
         if not self.model.encoder_inputs or policy.encoder_decoder:
             return policy
-        odds = st.integers(0, 3) if profile == "caller" else st.integers(0, 1)
+        odds = ints(0, 3) if profile == "caller" else ints(0, 1)
         return replace(policy, encoder_decoder=draw(odds) == 0)
 
     def batches(self, policy: CapturePolicy, scenario: str, profile: str) -> BatchesOf:
@@ -169,6 +170,22 @@ def caller_batches(
     # them and around the threshold are where padding and splitting flip.
     landmarks = sorted({*policy.capture_sizes, *([threshold] if threshold else [])})
     anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
+    shorter_lengths = ints(1, query_len - 1) if query_len > 1 else None
+    kinds_of = {kinds: st.sampled_from(kinds) for kinds in KIND_MIXES}
+    mix_choice = st.sampled_from(KIND_MIXES)
+    any_requests = st.integers(1, max_reqs)
+
+    # Strategies that depend on the step's anchor, built once per anchor.
+    @functools.lru_cache(maxsize=256)
+    def requests_around(anchor: int) -> st.SearchStrategy[int]:
+        near = sorted(
+            {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
+        )
+        return st.one_of(st.sampled_from(near), any_requests)
+
+    @functools.lru_cache(maxsize=256)
+    def tokens_near(anchor: int) -> st.SearchStrategy[int]:
+        return st.one_of(st.sampled_from(_near(anchor)), tokens)
 
     def batch(
         lengths: list[int], kind: str, draw: st.DrawFn, encoders: int = 0
@@ -188,35 +205,32 @@ def caller_batches(
         )
 
     def requests_near(draw: st.DrawFn, anchor: int) -> int:
-        near = sorted(
-            {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
-        )
-        return draw(st.one_of(st.sampled_from(near), st.integers(1, max_reqs)))
+        return draw(requests_around(anchor))
 
     def one_rank(
         draw: st.DrawFn, kinds: tuple[str, ...], anchor: int
     ) -> tuple[RankBatch, int]:
         """A rank's batch and how many of its requests are prefills."""
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(kinds_of[kinds])
         if kind == "dummy":
             return batch([dummy_tokens], kind, draw), 0
         if kind == "decode":
             return batch([query_len] * requests_near(draw, anchor), kind, draw), 0
-        if kind == "varlen" and query_len > 1:
+        if kind == "varlen" and shorter_lengths is not None:
             reqs = requests_near(draw, anchor)
-            short = draw(st.integers(1, reqs))
-            shorter = draw(st.integers(1, query_len - 1))
+            short = draw(ints(1, reqs))
+            shorter = draw(shorter_lengths)
             lengths = [query_len] * (reqs - short) + [shorter] * short
             return batch(lengths, kind, draw), 0
-        total = draw(st.one_of(st.sampled_from(_near(anchor)), tokens))
-        prefills = draw(st.integers(1, max(1, min(total, max_reqs))))
+        total = draw(tokens_near(anchor))
+        prefills = draw(ints(1, max(1, min(total, max_reqs))))
         lengths = split_evenly(total, prefills)
         prefill_count = len(lengths)
         # No chunked prefill for encoder-decoder models: every prefill
         # brings its encoder input.
         encoders = prefill_count if model.encoder_inputs and encoder_decoder else 0
         if kind == "mixed":
-            decodes = draw(st.integers(0, max(0, max_reqs - prefills)))
+            decodes = draw(ints(0, max(0, max_reqs - prefills)))
             lengths = [query_len] * decodes + lengths
         kind = "prefill" if kind == "varlen" else kind
         return batch(lengths, kind, draw, encoders), prefill_count
@@ -234,19 +248,18 @@ def caller_batches(
         return [profile] * dp_size
 
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
-        kinds = draw(st.sampled_from(KIND_MIXES))
+        kinds = draw(mix_choice)
         anchor = draw(anchors)
-        palette = [
-            one_rank(draw, kinds, anchor) for _ in range(draw(st.integers(1, 3)))
-        ]
-        picked = [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        palette = [one_rank(draw, kinds, anchor) for _ in range(draw(_PALETTE_SIZES))]
+        pick = st.sampled_from(palette)  # one strategy for every rank's draw
+        picked = [draw(pick) for _ in range(dp_size)]
         batches = [entry for entry, _ in picked]
         if multimodal:
             # Drawn last, so the step's shape is drawn as before encoder
             # inputs were: how many of a multimodal model's prefills bring
             # one (ranks given the same batch keep sharing it).
             with_inputs = {
-                id(entry): replace(entry, num_encoder_reqs=draw(st.integers(0, count)))
+                id(entry): replace(entry, num_encoder_reqs=draw(ints(0, count)))
                 for entry, count in palette
                 if count
             }
@@ -277,14 +290,14 @@ def contract_batches(
             return RankBatch(
                 num_reqs=0,
                 num_tokens=0,
-                need_eager=scenario == "profile" or draw(st.booleans()),
-                allow_ubatching=draw(st.booleans()),
+                need_eager=scenario == "profile" or draw(BOOLEANS),
+                allow_ubatching=draw(BOOLEANS),
                 kind="idle",
             )
-        reqs = draw(st.integers(1, max(1, min(total, max_reqs))))
+        reqs = draw(ints(1, max(1, min(total, max_reqs))))
         uniform: int | None = None
-        longest = draw(st.integers(-(-total // reqs), total - (reqs - 1)))
-        if total % reqs == 0 and draw(st.booleans()):
+        longest = draw(ints(-(-total // reqs), total - (reqs - 1)))
+        if total % reqs == 0 and draw(BOOLEANS):
             uniform = longest = total // reqs
         # The uniform flag is forced only where it describes the batch: whole
         # decodes of the decode length, or one shorter request (a dummy run).
@@ -295,16 +308,17 @@ def contract_batches(
             num_tokens=total,
             uniform_token_count=uniform,
             max_query_len=longest,
-            need_eager=scenario == "profile" or draw(st.booleans()),
+            need_eager=scenario == "profile" or draw(BOOLEANS),
             num_active_loras=draw(loras),
-            allow_ubatching=draw(st.booleans()),
-            uniform_decode=describable and draw(st.booleans()),
-            num_encoder_reqs=draw(st.integers(0, reqs)) if model.encoder_inputs else 0,
+            allow_ubatching=draw(BOOLEANS),
+            uniform_decode=describable and draw(BOOLEANS),
+            num_encoder_reqs=draw(ints(0, reqs)) if model.encoder_inputs else 0,
         )
 
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
-        palette = [one_rank(draw) for _ in range(draw(st.integers(1, 3)))]
-        return [draw(st.sampled_from(palette)) for _ in range(dp_size)]
+        palette = [one_rank(draw) for _ in range(draw(_PALETTE_SIZES))]
+        pick = st.sampled_from(palette)  # one strategy for every rank's draw
+        return [draw(pick) for _ in range(dp_size)]
 
     return step
 

@@ -1,0 +1,42 @@
+"""Strategies built once and drawn from many times.
+
+Hypothesis validates a strategy object, and works out its label and whether
+it can be empty, the first time it is drawn from. The case strategies draw
+from strategies whose bounds or elements are known only mid-draw (a palette
+of this step's batches, requests up to this batch's tokens); built anew on
+every draw, those first-draw costs were about half of drawing a case. These
+helpers hand out one object per distinct argument instead. The object is the
+one ``st.integers`` / ``st.sampled_from`` would build, so what is drawn, and
+how it shrinks, is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable
+from typing import Any
+
+from hypothesis import strategies as st
+
+#: ``st.booleans()``, drawn from everywhere.
+BOOLEANS: st.SearchStrategy[bool] = st.booleans()
+
+
+@functools.lru_cache(maxsize=8192)
+def ints(low: int, high: int) -> st.SearchStrategy[int]:
+    """``st.integers(low, high)``, one object per bounds."""
+    return st.integers(low, high)
+
+
+def sampled(elements: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:
+    """``st.sampled_from(elements)``, one object per tuple of elements of one type.
+
+    The first element's type is part of the key: ``(0, 1)`` and
+    ``(False, True)`` are equal tuples, but not the same strategy.
+    """
+    return _sampled(type(elements[0]) if elements else None, elements)
+
+
+@functools.lru_cache(maxsize=8192)
+def _sampled(kind: type | None, elements: tuple[Hashable, ...]) -> st.SearchStrategy:
+    return st.sampled_from(elements)
