@@ -5,7 +5,7 @@ process moving ZMQ messages, and the engines see it only through their input
 queues (``START_DP_WAVE``, the requests a front-end sends) and their output
 queues (``start_wave`` / ``wave_complete`` outputs). What this model does,
 and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
-``DPCoordinatorProc.process_input_socket``, 0.26.0 to 0.33.0):
+``DPCoordinatorProc.process_input_socket``, 0.12.0 to 0.33.0):
 
 * An engine's output ``start_wave=w`` (engine ``e``): when ``w`` is newer than
   the coordinator's wave, or equal while the engines are not running, the
@@ -17,11 +17,11 @@ and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
 * Requests: a front-end stamps each request with the wave it last heard of
   (``request.current_wave``; here the coordinator's, i.e. publications reach
   it at once) and sends it to its engine. In releases whose coordinator also
-  wakes engines on a front-end's message (0.29-0.32: ``FIRST_REQ``, sent by
+  wakes engines on a front-end's message (0.12-0.32: ``FIRST_REQ``, sent by
   ``DPAsyncMPClient.add_request_async`` while it believes the engines
   paused), the front-end then tells the coordinator, which broadcasts
   ``START_DP_WAVE (wave, engine)`` (``None`` for a stale wave) when its
-  engines are not running (0.26-0.28: and marks them running, so an
+  engines are not running (0.12-0.28: and marks them running, so an
   engine's ``start_wave`` of the same wave is then not broadcast again;
   0.29 dropped that mark). From 0.33 on, engines alone start waves
   (``DPEngineCoreProc.add_request`` emits ``start_wave``).
@@ -95,7 +95,7 @@ class EngineCoreOutputs(StrictObject):
 
 def front_end_wakes_engines(coordinator_py: Path, version: str | None) -> bool:
     """Whether this release's coordinator starts a wave on a front-end's
-    message as well as on an engine's (0.29-0.32: yes; 0.33: engines alone).
+    message as well as on an engine's (0.12-0.32: yes; 0.33: engines alone).
 
     Read from the release's ``coordinator.py``: its ``DPCoordinatorProc``
     calls ``_send_start_wave`` from the front-end branch and the engine
@@ -122,7 +122,7 @@ def front_end_wakes_engines(coordinator_py: Path, version: str | None) -> bool:
 
 def front_end_wake_marks_running(coordinator_py: Path, version: str | None) -> bool:
     """Whether this release's coordinator, waking the engines on a
-    front-end's message, also marks them running (0.26-0.28: yes; 0.29
+    front-end's message, also marks them running (0.12-0.28: yes; 0.29
     stopped, since a paused engine discards the START_DP_WAVE it sends).
 
     Read from the release's ``coordinator.py``: ``engines_running = True`` is
@@ -169,7 +169,7 @@ class Coordinator:
     ) -> None:
         self.mailboxes = tuple(mailboxes)
         self.front_end_wakes = front_end_wakes
-        #: 0.26-0.28: a front-end's wake marks the engines running
+        #: 0.12-0.28: a front-end's wake marks the engines running
         #: (:func:`front_end_wake_marks_running`).
         self.wake_marks_running = wake_marks_running
         #: The coordinator's wave and running state (``current_wave``,

@@ -1,28 +1,37 @@
 """vLLM's real DP engine loop on a virtual rank.
 
 Each rank runs the release's own ``DPEngineCoreProc.run_busy_loop``
-(``vllm/v1/engine/core.py``), rebuilt by
+(``vllm/v1/engine/core.py``, every release 0.12.0 to 0.33.0), rebuilt by
 :func:`~dpsim.lanes.runner.extract.real_class` from three real classes chained
 as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 ``super()`` reaches the real parent methods. What runs for real:
 
 * ``DPEngineCoreProc``: ``run_busy_loop`` (the dummy-batch decision, the wave
-  bookkeeping), ``_has_global_unfinished_reqs`` over the real
-  ``ParallelConfig.sync_dp_state`` (0.30+: at step 1 and every
-  ``dp_sync_interval`` steps, 0.26-0.29: every 32 steps; through 0.32 a
+  bookkeeping; ``while True`` through 0.17, ``while self._handle_shutdown()``
+  from 0.18), ``_has_global_unfinished_reqs`` over the real
+  ``ParallelConfig.sync_dp_state`` (0.21+; 0.30+: at step 1 and every
+  ``dp_sync_interval`` steps, before: every 32 steps; through 0.32 a
   staticmethod calling ``torch.distributed.all_reduce``, 0.33 a method of the
-  engine's ``parallel_config`` calling ``cpu_all_reduce_``), ``add_request`` and
+  engine's ``parallel_config`` calling ``cpu_all_reduce_``) or, 0.12-0.20,
+  ``ParallelConfig.has_unfinished_dp`` (a MAX all-reduce every 32 steps),
+  ``add_request`` and
   ``_handle_client_request`` (START_DP_WAVE), ``_maybe_publish_request_counts``
   (``publish_dp_lb_stats`` is False), ``_should_throttle_prefills``;
-* ``EngineCoreProc``: ``has_work``, ``is_running``, ``_process_input_queue``,
-  ``_process_engine_step``, ``_handle_shutdown``, ``_handle_client_request``
-  (ADD, WAKEUP), its checks whether to reject a request (shutting down;
-  0.33: paused), ``_notify_idle_state_callbacks``;
+* ``EngineCoreProc``: ``has_work`` (0.17+), ``is_running`` (0.18+),
+  ``_process_input_queue``, ``_process_engine_step``, ``_handle_shutdown``
+  (0.18+), ``_handle_client_request`` (ADD, WAKEUP), its checks whether to
+  reject a request (0.18+: shutting down; 0.33: paused),
+  ``_notify_idle_state_callbacks`` (0.17+);
 * ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
   batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
   PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
-  ``_process_aborts_queue``, ``capture_iteration_details`` (0.26+: a
-  context manager; stats logging is off) and the ``_attach_*`` helpers.
+  ``_process_aborts_queue`` (0.13+), ``_log_err_callback`` (0.12-0.13),
+  ``log_iteration_details`` (0.14-0.25) or ``capture_iteration_details``
+  (0.26+), context managers that only yield with stats logging off, and the
+  ``_attach_*`` helpers (0.26+).
+
+Which of these a release has is read from its files; a method the kept code
+calls that the release lacks would be a gap (the engine is strict).
 
 The unfinished-requests all-reduce runs on the sim group
 :data:`~dpsim.records.groups.ENGINE_DP_GROUP`, the engine's own stateless DP
@@ -57,11 +66,14 @@ Stood in (strict: anything else they are asked is a gap):
   re-raises what the loop raises;
 * the scheduler is C's :class:`~dpsim.lanes.runner.scheduler.ModelledScheduler`.
 
-Shutdown: vLLM's signal handler sets ``shutdown_state = REQUESTED`` and puts a
-WAKEUP into the input queue; the coordinator model does the same at end of
-input, and the real ``_handle_shutdown`` ends the loop (``SystemExit``, which
-:func:`run_engine` takes as the normal end). ``shutdown_timeout`` is taken
-as nonzero ("drain"): engines are shut down only once idle, where vLLM's
+Shutdown: from 0.18 vLLM's signal handler sets ``shutdown_state = REQUESTED``
+and puts a WAKEUP into the input queue; the coordinator model does the same
+at end of input, and the real ``_handle_shutdown`` ends the loop
+(``SystemExit``, which :func:`run_engine` takes as the normal end). Through
+0.17 the handler raises ``SystemExit`` in the engine's thread wherever it
+is; at end of input every engine waits in its input queue's ``get``, which
+raises it (:meth:`InputQueue.signal_exit`). ``shutdown_timeout`` (0.18+) is
+taken as nonzero ("drain"): engines are shut down only once idle, where vLLM's
 abort and drain modes do the same.
 """
 
