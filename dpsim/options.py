@@ -64,7 +64,9 @@ def parse_runner(text: str | None, flag: str = "--runner") -> str | None:
 LANE_HELP = (
     "sync = the real DP sync under callers dpsim models (default); runner = "
     "vLLM's real engine loop, worker, model runner and speculators per "
-    "virtual rank (V2 runner, vLLM 0.26+)"
+    "virtual rank (the V2 runner by default, vLLM 0.26+; with --runner v1 "
+    "the V1 runner and its EAGLE/MTP drafter: `dpsim targets --lane runner "
+    "--runner v1 X` says which releases it drives)"
 )
 
 
@@ -73,16 +75,15 @@ def add_lane_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lane", choices=LANES, default=DEFAULT_LANE, help=LANE_HELP)
 
 
-def check_lane(
-    lane: str,
-    runner: str | None,
-    command: str,
-    *,
-    flags: str = "--lane runner --runner v1",
-) -> None:
-    """Refuse in one line what the runner lane cannot be combined with."""
-    if lane == "runner" and runner == "v1":
-        raise UsageError(
-            f"{command} {flags}: the runner lane drives the V2 "
-            "model runner only (the V1 runner's lane is issue 17)"
-        )
+#: The model runner the runner lane drives when ``--runner`` is not given
+#: (on the sync lane an absent ``--runner`` is the target's default instead).
+RUNNER_LANE_DEFAULT = "v2"
+
+
+def lane_runner(lane: str, runner: str | None) -> str | None:
+    """The model runner a command drives: under the runner lane ``--runner``
+    or V2 (the lane's default, whatever the release's default runner); on the
+    sync lane ``--runner`` as given (None: the target's default)."""
+    if lane == "runner":
+        return runner or RUNNER_LANE_DEFAULT
+    return runner

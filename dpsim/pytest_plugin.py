@@ -24,7 +24,9 @@ pytest's configuration, sees them too):
   --dpsim-examples N      DPSIM_EXAMPLES   examples per scenario
   --dpsim-lane NAME       DPSIM_LANE       sync (default: the scenario tests) or
                                            runner (vLLM's real engine loop,
-                                           worker, model runner, speculators)
+                                           worker, model runner, speculators;
+                                           the V2 runner's unless
+                                           --dpsim-runner v1)
 
 Hypothesis settings profiles ``dev`` (fast), ``ci`` and ``nightly`` are
 registered; pick one with Hypothesis' own ``--hypothesis-profile`` (default

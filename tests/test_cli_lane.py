@@ -30,9 +30,12 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
     ("arguments", "says"),
     [
         (
-            ["check", "--lane", "runner", "--runner", "v1"],
-            "check --lane runner --runner v1: the runner lane drives the V2 model "
-            "runner only (the V1 runner's lane is issue 17)",
+            ["check", "--lane", "runner", "--runner", "v1", "--vllm", "0.20.0"],
+            "runner lane (V1 runner): vLLM 0.20.0 cannot be driven",
+        ),
+        (
+            ["check", "--lane", "runner", "--runner", "v1", "--caller-file", "x.py"],
+            "check --lane runner: --caller-file is the sync lane's",
         ),
         (
             ["check", "--lane", "runner", "--scenario", "step"],
@@ -53,8 +56,8 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
         (["check", "--lane", "runner", "--examples", "0"], "--examples must be"),
         (["check", "--lane", "bus"], "argument --lane: invalid choice: 'bus'"),
         (
-            ["versions", "--lane", "runner", "--runner", "v1"],
-            "versions --lane runner --runner v1: the runner lane drives the V2",
+            ["versions", "--lane", "runner", "--runner", "v1", "--profile", "contract"],
+            "versions --lane runner: --profile is the sync lane's",
         ),
         (
             ["versions", "--lane", "runner", "--target", "x.py@0.33.0"],
@@ -107,8 +110,11 @@ def test_the_pytest_plugin_takes_a_lane() -> None:
     runner = _configure({"lane": "runner"}, False).options
     assert runner.lane == "runner" and runner.ranks == "2..4"
     assert _configure({}, False).options.ranks == "2..16"
-    with pytest.raises(UsageError, match="--dpsim-lane runner --dpsim-runner v1"):
-        _configure({"lane": "runner", "runner": "v1"}, False)
+    v1 = _configure({"lane": "runner", "runner": "v1"}, False).options
+    assert v1.lane == "runner" and v1.runner == "v1"
+    # The runner lane's own test gets a key of its own under V1 (V2's is as it was).
+    assert v1.database_key("runner-lane").endswith(b"/runner-v1")
+    assert not runner.database_key("runner-lane").endswith(b"/runner-v1")
     with pytest.raises(UsageError, match="lane 'bus'"):
         _configure({"lane": "bus"}, False)
     with pytest.raises(UsageError, match="--dpsim-target is the sync lane's"):
@@ -161,13 +167,32 @@ def test_check_writes_a_runner_case_that_replays_byte_for_byte(
 def test_versions_lane_runner_writes_one_row_per_release(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    arguments = ["versions", "--lane", "runner", "0.33.0", "0.25.0"]
+    arguments = ["versions", "--lane", "runner", "--runner", "v2", "0.33.0", "0.25.0"]
     assert main([*arguments, "--examples", "5", "--out", str(tmp_path)]) == 1
     report = (tmp_path / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
     assert len(rows) == 2
-    assert rows[0].startswith("| vllm 0.33.0 | ")
-    assert rows[1].startswith("| 0.25.0 | error | runner lane: vLLM 0.25.0 cannot be")
+    assert rows[0].startswith("| vllm 0.33.0 | v2 | ")
+    assert rows[1].startswith(
+        "| 0.25.0 | v2 | error | runner lane: vLLM 0.25.0 cannot be"
+    )
+
+
+def test_versions_lane_runner_has_a_row_per_runner_and_release(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without --runner each release gets the V2 and the V1 runner's row; a
+    release neither drives gets both refusals, nothing fetched."""
+    arguments = ["versions", "--lane", "runner", "0.11.1", "--out", str(tmp_path)]
+    assert main(arguments) == 1
+    report = (tmp_path / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[:3] for row in rows] == [
+        ["| 0.11.1", "v2", "error"],
+        ["| 0.11.1", "v1", "error"],
+    ]
+    assert "older than dpsim supports with the V2 runner" in rows[0]
+    assert "V1 runner" in rows[1] and "refused without fetching it" in rows[1]
 
 
 def test_a_runner_policy_must_be_one_the_lane_models(

@@ -66,7 +66,8 @@ def test_a_file_round_trips_byte_for_byte(tmp_path: Path) -> None:
     [
         ({"lane": "sync"}, "lane must be 'runner', got 'sync'"),
         ({"dp_size": 3}, "dp_size 3 but 2 request streams"),
-        ({"runner": "v1"}, "drives the v2 runner, not 'v1'"),
+        ({"runner": "v3"}, "drives the v2 and v1 runners, not 'v3'"),
+        ({"runner": "v1"}, "the V1 runner's speculators are eagle, mtp, not 'ar'"),
         ({"seed": -1}, "case.seed"),
         ({"extra": 1}, "unknown keys: extra"),
         ({"policy": {"capture_sizes": [1], "decode_query_len": 1}}, "must be 1 + "),

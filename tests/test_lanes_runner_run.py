@@ -168,10 +168,14 @@ def test_a_gap_refuses_the_run_even_when_swallowed(
 
 
 @pytest.mark.release
-def test_a_v1_target_is_refused(release: Callable[..., Any]) -> None:
+def test_a_target_loaded_for_the_other_runner_is_refused(
+    release: Callable[..., Any],
+) -> None:
     v1 = release("0.33.0", runner="v1")
-    with pytest.raises(TargetError, match="drives the V2 model runner"):
+    with pytest.raises(TargetError) as refused:
         run_runner_case(v1, _case())
+    assert "the case drives the V2 model runner, but " in str(refused.value)
+    assert str(refused.value).endswith(" was loaded for the V1 runner")
 
 
 # -- the real lane, end to end ----------------------------------------------------

@@ -93,8 +93,9 @@ def test_missing_optional_fields_take_their_defaults() -> None:
             "engine options: async_scheduling must be true or false, got 1",
         ),
         (
-            {"speculator": "eagle", "num_speculative_tokens": 2},
-            "engine options: speculator must be one of ar, mtp or null, got 'eagle'",
+            {"speculator": "medusa", "num_speculative_tokens": 2},
+            "engine options: speculator must be one of ar, mtp, eagle or null, "
+            "got 'medusa'",
         ),
         (
             {"speculator": "ar"},

@@ -32,7 +32,12 @@ QUICK = Budget(examples=20, ranks=(2, 3), profiles=(), seconds=120)
         (["--target", "x.py"], "mutate --lane runner: --target is the sync lane's"),
         (["--profile", "caller"], "mutate --lane runner: --profile is the sync lane's"),
         (["--file", "sync"], "--file sync is the sync lane's; expected one of core"),
-        (["--runner", "v1"], "the runner lane drives the V2"),
+        (
+            ["--runner", "v1", "--file", "model_runner"],
+            "--file model_runner is not a file the V1 runner's lane runs; "
+            "expected one of core, gpu_model_runner, eagle, dp_utils",
+        ),
+        (["--runner", "v1", "--vllm", "0.20.0"], "cannot be driven"),
         (["--vllm", "0.20.0"], "sync_dp_state"),
         (["--examples", "0"], "--examples must be at least 1"),
     ],

@@ -10,7 +10,7 @@ from dpsim import bench
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
-from dpsim.options import add_runner_argument, check_lane
+from dpsim.options import add_runner_argument
 from dpsim.targets import load_target
 from dpsim.targets.spec import parse_target
 
@@ -21,7 +21,8 @@ measures:
   check   cases simulated and judged per second
   corpus  seconds to the first counterexample on each faulty target
   runner  runner-lane cases/s at 4 ranks x 8 iterations, and the share of
-          time in vLLM's own code (only when named; V2 runner, 0.26+)
+          time in vLLM's own code (only when named; the V2 runner, 0.26+,
+          or with --runner v1 the V1 runner)
 
 sim and check run each model runner of --vllm (V2's dispatch_cg_and_sync_dp,
 V1's coordinate_batch_across_dp under its real caller), one row each, unless
@@ -34,6 +35,7 @@ examples:
   dpsim bench --measure sim --ranks 8 --ranks 64 --ranks 256
   dpsim bench --measure sim --runner v1 --vllm 0.33.0
   dpsim bench --measure runner --vllm 0.33.0
+  dpsim bench --measure runner --runner v1 --vllm 0.33.0
 """
 MEASURES = ("sim", "check", "corpus")
 #: The runner lane's measure: run only when named (its cases drive whole engines).
@@ -144,9 +146,7 @@ def _runner_measure(arguments: argparse.Namespace, measures: list[str]) -> int:
     """``--measure runner`` (:func:`dpsim.lanes.runner.report.measure`)."""
     if measures != [RUNNER_MEASURE]:
         raise UsageError("--measure runner goes alone (it measures another lane)")
-    check_lane(
-        "runner", arguments.runner, "bench --measure runner", flags="--runner v1"
-    )
+    runner = arguments.runner or "v2"  # the runner lane's default
     if arguments.ranks or arguments.rounds:
         raise UsageError(
             "--measure runner: 4 ranks x 8 iterations; no --ranks/--rounds"
@@ -154,14 +154,15 @@ def _runner_measure(arguments: argparse.Namespace, measures: list[str]) -> int:
     from dpsim.lanes.runner.commands import refuse_unsupported
     from dpsim.lanes.runner.report import measure
 
-    spec = parse_target(arguments.vllm, runner="v2")
+    spec = parse_target(arguments.vllm, runner=runner)
     refuse_unsupported(spec)
-    result = measure(load_target(arguments.vllm, runner="v2"))
+    result = measure(load_target(arguments.vllm, runner=runner))
     if arguments.json:
         print(json.dumps(result, sort_keys=True))
     else:
         print(
-            f"runner lane on {result['target']}: {result['cases_per_s']} cases/s at "
+            f"runner lane{' (V1 runner)' if runner == 'v1' else ''} on "
+            f"{result['target']}: {result['cases_per_s']} cases/s at "
             f"{result['ranks']} ranks x {result['iterations']} iterations "
             f"({result['cases']} cases in {result['seconds']}s, the best of "
             f"{result['passes']} passes), "

@@ -38,7 +38,7 @@ from dpsim.limits import MAX_RANKS
 from dpsim.options import (
     add_lane_argument,
     add_runner_argument,
-    check_lane,
+    lane_runner,
     parse_ranks,
 )
 from dpsim.progress import StatusLine
@@ -73,6 +73,9 @@ examples:
   dpsim check --runner v1 --vllm 0.33.0       the V1 model runner's coordination
   dpsim check --profile contract --scenario step --json
   dpsim check --lane runner --vllm 0.33.0     vLLM's real engine loop, runner, drafters
+  dpsim check --lane runner --runner v1 --vllm 0.33.0
+                                               the same with the V1 model runner and
+                                               its EAGLE/MTP drafter
 
 Each failing scenario's shrunk counterexample is printed as a per-rank table
 and written to --out as JSON, with a pytest regression test beside it;
@@ -187,7 +190,6 @@ def run(arguments: argparse.Namespace) -> int:
     if arguments.examples is not None and arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     lane = getattr(arguments, "lane", "sync")
-    check_lane(lane, arguments.runner, "check")
     if lane == "runner":
         return _run_runner_lane(arguments)
     if arguments.examples is None:
@@ -209,6 +211,7 @@ def _run_runner_lane(arguments: argparse.Namespace) -> int:
     """``--lane runner``: the real callers' check (:mod:`dpsim.cli.runner_lane`)."""
     from dpsim.lanes.runner import commands as runner_lane
 
+    arguments.runner = lane_runner("runner", arguments.runner)
     runner_lane.check_options(arguments)  # refusals before anything runs
     check_output_directory(Path(arguments.out), "--out")
     allowance = allowances.from_arguments(arguments)

@@ -26,7 +26,7 @@ from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
 from dpsim.isolation import EXIT_INTERRUPTED
 from dpsim.lanes.runner.check import DEFAULT_RUNNER_RANKS
-from dpsim.options import add_lane_argument, check_lane
+from dpsim.options import add_lane_argument
 from dpsim.progress import StatusLine
 from dpsim.suite.config import SuiteOptions
 
@@ -44,6 +44,7 @@ examples:
   dpsim fuzz --vllm ~/src/vllm --workers 8 --db /shared/dpsim-db
   dpsim fuzz --vllm 0.33.0 --db redis://fuzz-db:6379/0     one of a fleet
   dpsim fuzz --lane runner --vllm 0.33.0 --for 15m          vLLM's real engines
+  dpsim fuzz --lane runner --runner v1 --vllm 0.33.0 --for 15m   ... with the V1 runner
 
 Every worker runs the same Hypothesis tests as `pytest --pyargs dpsim.suite`,
 under the same database keys: a failure any worker (or CI run) saved is
@@ -98,7 +99,6 @@ def register(commands: Any) -> None:
 
 
 def run(arguments: argparse.Namespace) -> int:
-    check_lane(arguments.lane, arguments.runner, "fuzz")
     check_output_directory(Path(arguments.out), "--out")
     options = CampaignOptions(
         suite=SuiteOptions(

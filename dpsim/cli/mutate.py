@@ -39,15 +39,22 @@ from dpsim.mutate.runner import (
     DEFAULT_RUNNER_LIMIT,
     DEFAULT_RUNNER_SLOT,
     RUNNER_SLOTS,
+    V1_RUNNER_SLOTS,
     runner_mutated_file,
     runner_target,
+    slots_of,
 )
-from dpsim.options import add_lane_argument, check_lane, parse_ranks
+from dpsim.options import add_lane_argument, lane_runner, parse_ranks
 from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy
 from dpsim.targets import DEFAULT_RELEASE, load_target, parse_target
 
-RUNNER_FILES = "\n".join(f"  {name:<13}{what}" for name, what in RUNNER_SLOTS.items())
+RUNNER_FILES = "\n".join(f"  {name:<17}{what}" for name, what in RUNNER_SLOTS.items())
+V1_RUNNER_FILES = "\n".join(
+    f"  {name:<17}{what}" for name, what in V1_RUNNER_SLOTS.items()
+)
+#: Every name ``--file`` takes under ``--lane runner``, either runner.
+_ALL_RUNNER_SLOTS = tuple(dict.fromkeys((*RUNNER_SLOTS, *V1_RUNNER_SLOTS)))
 
 HELP = "mutation testing: plant small bugs in the sync and count those caught"
 EPILOG = f"""\
@@ -66,6 +73,8 @@ rebuilds from it (`dpsim targets --lane runner` lists them), and judges each
 mutant by `dpsim check --lane runner`'s search (DP sizes 2..4, {DEFAULT_RUNNER_EXAMPLES}
 cases by default). --file (default {DEFAULT_RUNNER_SLOT}):
 {RUNNER_FILES}
+With --runner v1 (the V1 model runner and its EAGLE/MTP drafter):
+{V1_RUNNER_FILES}
 A mutant the lane cannot drive is *refused*: listed, neither killed nor
 scored. Properties the original breaks under the same budget are not judged
 (--policy fixes a capture policy, as check --lane runner --policy does).
@@ -79,6 +88,7 @@ examples:
   dpsim mutate --vllm 0.33.0 --runner v1       V1's coordinate_batch_across_dp
   dpsim mutate --vllm 0.33.0 --runner v1 --file caller
   dpsim mutate --lane runner --vllm 0.33.0 --file core --limit 20 --seconds 120
+  dpsim mutate --lane runner --runner v1 --vllm 0.33.0 --file gpu_model_runner
 """
 
 
@@ -93,10 +103,11 @@ def register(commands: Any) -> None:
     add_target_arguments(parser)
     parser.add_argument(
         "--file",
-        choices=(*SLOTS, *RUNNER_SLOTS),
+        choices=tuple(dict.fromkeys((*SLOTS, *_ALL_RUNNER_SLOTS))),
         help="what to mutate: the runner's sync (dp_utils.py; default) or, "
         "V1 only, the caller method in gpu_model_runner.py; under --lane "
-        f"runner one of {', '.join(RUNNER_SLOTS)} (default {DEFAULT_RUNNER_SLOT})",
+        f"runner one of {', '.join(RUNNER_SLOTS)} (--runner v1: "
+        f"{', '.join(V1_RUNNER_SLOTS)}; default {DEFAULT_RUNNER_SLOT})",
     )
     parser.add_argument(
         "--operators",
@@ -189,7 +200,7 @@ def run(arguments: argparse.Namespace) -> int:
     if runner_lane:
         _refuse_for_runner_lane(arguments)
     else:
-        if arguments.file in RUNNER_SLOTS:
+        if arguments.file in _ALL_RUNNER_SLOTS and arguments.file not in SLOTS:
             raise UsageError(
                 f"--file {arguments.file}: a runner-lane file (--lane runner)"
             )
@@ -270,7 +281,8 @@ def _refuse_for_runner_lane(arguments: argparse.Namespace) -> None:
     anything is fetched or run."""
     from dpsim.lanes.runner.commands import refuse_unsupported
 
-    check_lane("runner", arguments.runner, "mutate")
+    arguments.runner = lane_runner("runner", arguments.runner)
+    slots = slots_of(arguments.runner)
     for given, flag in (
         (arguments.target, "--target"),
         (arguments.caller_file, "--caller-file"),
@@ -278,14 +290,19 @@ def _refuse_for_runner_lane(arguments: argparse.Namespace) -> None:
     ):
         if given:
             raise UsageError(f"mutate --lane runner: {flag} is the sync lane's")
-    if arguments.file is not None and arguments.file not in RUNNER_SLOTS:
+    if arguments.file is not None and arguments.file not in slots:
+        what = (
+            "is the sync lane's"
+            if arguments.file in SLOTS
+            else f"is not a file the {arguments.runner.upper()} runner's lane runs"
+        )
         raise UsageError(
-            f"mutate --lane runner: --file {arguments.file} is the sync lane's; "
-            f"expected one of {', '.join(RUNNER_SLOTS)}"
+            f"mutate --lane runner: --file {arguments.file} {what}; "
+            f"expected one of {', '.join(slots)}"
         )
     if arguments.examples is not None and arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
-    refuse_unsupported(parse_target(arguments.vllm, runner="v2"))
+    refuse_unsupported(parse_target(arguments.vllm, runner=arguments.runner))
 
 
 def _limit(arguments: argparse.Namespace) -> int | None:
@@ -311,7 +328,7 @@ def _policy(arguments: argparse.Namespace) -> CapturePolicy | None:
 
 def _list(arguments: argparse.Namespace, operators: tuple[str, ...]) -> int:
     if arguments.lane == "runner":
-        target = runner_target(arguments.vllm)
+        target = runner_target(arguments.vllm, arguments.runner)
         mutated, _ = runner_mutated_file(target, arguments.file)
     else:
         target = load_target(

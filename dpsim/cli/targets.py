@@ -12,7 +12,7 @@ from dpsim import allowances
 from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
-from dpsim.options import add_lane_argument, add_runner_argument, check_lane
+from dpsim.options import add_lane_argument, add_runner_argument, lane_runner
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import (
     cache_entries,
@@ -46,6 +46,10 @@ examples:
   dpsim targets --json
   dpsim targets --refetch 0.33.0
   dpsim targets --lane runner 0.29.0 0.33.0   what the runner lane runs for real
+  dpsim targets --lane runner --runner v1 0.12.0 0.29.0 0.33.0
+                                              the same through the V1 model runner
+                                              (a release it cannot drive: refused)
+  dpsim targets --lane runner --runner v1 --fetch 0.33.0
 """
 
 
@@ -103,9 +107,10 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _runner_lane(arguments: argparse.Namespace) -> int:
-    """``--lane runner``: per release, what the lane runs for real (with line
-    coverage of each function over a few small cases) and what it stands in."""
-    check_lane("runner", arguments.runner, "targets")
+    """``--lane runner``: per release, what the lane runs for real with the
+    model runner ``--runner`` names (V2 by default), with line coverage of
+    each function over a few small cases, and what it stands in; a release
+    the lane cannot drive is refused in one line, before it is fetched."""
     if arguments.target or arguments.vllm or arguments.refetch:
         raise UsageError(
             "targets --lane runner: name the releases or trees as SPECs "
@@ -114,19 +119,47 @@ def _runner_lane(arguments: argparse.Namespace) -> int:
     if not arguments.specs:
         raise UsageError("targets --lane runner: name the releases, e.g. 0.33.0")
     from dpsim.lanes.runner.commands import refuse_unsupported
-    from dpsim.lanes.runner.sources import wheel_prefixes
+    from dpsim.lanes.runner.sources import lane_modules, wheel_prefixes
     from dpsim.targets.spec import parse_target
 
-    specs = [parse_target(name, runner="v2") for name in arguments.specs]
-    for spec in specs:
-        refuse_unsupported(spec)
+    runner = lane_runner("runner", arguments.runner)
+    assert runner is not None
+    names: list[str] = []
+    specs: list[Any] = []
+    refused = 0
+    for name in arguments.specs:
+        try:
+            spec = parse_target(name, runner=runner)
+            refuse_unsupported(spec)
+        except UsageError as error:
+            refused += 1
+            print(f"dpsim: error: {error}", file=sys.stderr)
+            continue
+        names.append(name)
+        specs.append(spec)
     if arguments.fetch:
-        # Set-up for the lane: one download per release, its files with it.
-        return fetch(arguments.specs, runner="v2", extra=wheel_prefixes())
-    return run_isolated(
-        functools.partial(_show_runner_lane, arguments, specs),
-        allowance=allowances.from_environment(),
+        # Set-up for the lane: one download per release, with the files of
+        # both runners' lanes (and V1's sync and caller), so that neither
+        # lane's first use of the entry fetches it again.
+        from dpsim.targets.cache import V1_WANTED
+
+        extra = (
+            *wheel_prefixes(
+                tuple(dict.fromkeys((*lane_modules("v2"), *lane_modules("v1"))))
+            ),
+            *V1_WANTED,
+        )
+        fetched = fetch(names, runner=runner, extra=extra) if names else 0
+        return 2 if refused else fetched
+    shown = (
+        run_isolated(
+            functools.partial(_show_runner_lane, arguments, specs),
+            allowance=allowances.from_environment(),
+        )
+        if specs
+        else 0
     )
+    return 2 if refused else shown
 
 
 def _show_runner_lane(arguments: argparse.Namespace, specs: list[Any]) -> int:

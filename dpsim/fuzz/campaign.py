@@ -187,7 +187,7 @@ def _refuse_for_runner_lane(options: CampaignOptions) -> None:
         if given:
             raise UsageError(f"fuzz --lane runner: {flag} is the sync lane's")
     suite.validate()
-    refuse_unsupported(parse_target(suite.vllm, runner="v2"))
+    refuse_unsupported(parse_target(suite.vllm, runner=suite.runner or "v2"))
     if suite.policy:
         from dpsim.capture.policy_files import load_policy
 

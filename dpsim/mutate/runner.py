@@ -62,6 +62,13 @@ RUNNER_SLOTS: dict[str, str] = {
     "parallel": "config/parallel.py (ParallelConfig.sync_dp_state)",
     "dp_utils": "v1/worker/gpu/dp_utils.py (the real sync's module functions)",
 }
+#: The same for the lane's V1 model runner (``--runner v1``).
+V1_RUNNER_SLOTS: dict[str, str] = {
+    "core": RUNNER_SLOTS["core"],
+    "gpu_model_runner": "v1/worker/gpu_model_runner.py (GPUModelRunner)",
+    "eagle": "v1/spec_decode/eagle.py (EagleProposer)",
+    "dp_utils": "v1/worker/dp_utils.py (the real sync's module functions)",
+}
 DEFAULT_RUNNER_SLOT = "core"
 #: Mutants ``mutate --lane runner`` samples by default: each takes seconds
 #: (whole engines per case) where a sync-lane mutant takes a fraction of one.
@@ -72,19 +79,31 @@ _MARKERS = {
     "speculator": ("TargetDependentARSpeculator", "AutoRegressiveSpeculator"),
     "draft": ("DraftModelSpeculator",),
     "parallel": ("ParallelConfig",),
+    "gpu_model_runner": ("GPUModelRunner",),
+    "eagle": ("EagleProposer",),
 }
-_DP_UTILS = Path("v1/worker/gpu/dp_utils.py")
+_DP_UTILS = {
+    "v2": Path("v1/worker/gpu/dp_utils.py"),
+    "v1": Path("v1/worker/dp_utils.py"),
+}
+
+
+def slots_of(runner: str) -> dict[str, str]:
+    """The files ``--file`` names under ``--lane runner`` with ``runner``'s
+    model runner."""
+    return V1_RUNNER_SLOTS if runner == "v1" else RUNNER_SLOTS
+
 
 #: The pseudo-leg a runner-lane plan runs: every mutant, one check.
 RUNNER_LEG = Leg(RUNNER_LANE_TEST, "engines")
 
 
-def runner_target(vllm: str | None) -> Target:
-    """The V2 target ``--vllm`` names; a release the lane cannot drive is
-    refused before anything is fetched."""
+def runner_target(vllm: str | None, runner: str = "v2") -> Target:
+    """The target ``--vllm`` names, loaded for ``runner``'s model runner; a
+    release the lane cannot drive is refused before anything is fetched."""
     from dpsim.lanes.runner.commands import refuse_unsupported
 
-    spec = parse_target(vllm, runner="v2")
+    spec = parse_target(vllm, runner=runner)
     refuse_unsupported(spec)
     return load_spec(spec)
 
@@ -99,23 +118,24 @@ def package_dir(target: Target) -> Path:
 def runner_mutated_file(target: Target, slot: str) -> tuple[MutatedFile, str]:
     """The file ``slot`` names in ``target`` and the functions the lane runs
     of it; also its path relative to the package dir (where a mutant goes)."""
-    if slot not in RUNNER_SLOTS:
+    slots = slots_of(target.runner)
+    if slot not in slots:
         raise UsageError(
-            f"--file {slot!r}: under --lane runner expected one of "
-            f"{', '.join(RUNNER_SLOTS)}"
+            f"--file {slot!r}: under --lane runner with the "
+            f"{target.runner.upper()} runner expected one of {', '.join(slots)}"
         )
     from dpsim.lanes.runner.report import lane_origins
 
     root = package_dir(target).resolve()
     functions: tuple[str, ...] | None = None
     if slot == "dp_utils":
-        path = root / _DP_UTILS
+        path = root / _DP_UTILS[target.runner]
     else:
         origins = lane_origins(target)
         marked = [o for o in origins if o.class_name in _MARKERS[slot]]
         if not marked:
             raise TargetError(
-                f"runner lane: {target.label} has no {RUNNER_SLOTS[slot]} the lane "
+                f"runner lane: {target.label} has no {slots[slot]} the lane "
                 "runs, to mutate"
             )
         path = Path(marked[0].path).resolve()
@@ -175,7 +195,7 @@ class RunnerPlan:
             replaced = tree / "vllm" / self.relative
             replaced.unlink()
             shutil.copyfile(path, replaced)
-        return load_spec(parse_target(str(tree), runner="v2"))
+        return load_spec(parse_target(str(tree), runner=self.runner))
 
     def options(self, properties: tuple[str, ...] | None = None) -> RunnerCheckOptions:
         return RunnerCheckOptions(
@@ -185,6 +205,7 @@ class RunnerPlan:
             seed=self.budget.seed,
             shrink=False,  # a kill needs one failing case, not a small one
             policy=self.policy,
+            runner=self.runner,
         )
 
 
@@ -210,6 +231,7 @@ def runner_baseline(
         tuple(RUNNER_LANE_PROPERTIES),
         policy,
         slot=mutated.slot,
+        runner=target.runner,
     )
     original = scratch / f"original_{Path(relative).name}"
     shutil.copyfile(mutated.path, original)
@@ -243,6 +265,7 @@ def runner_baseline(
         tuple(inherited),
         time.perf_counter() - started,
         slot=mutated.slot,
+        runner=target.runner,
     )
 
 

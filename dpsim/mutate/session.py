@@ -175,7 +175,7 @@ def mutate(
     chosen = select_operators(operators)
     relative = ""
     if lane == "runner":
-        target = runner_target(vllm)
+        target = runner_target(vllm, runner or "v2")
         mutated, relative = runner_mutated_file(target, slot)
     else:
         target = load_target(vllm, target_file, runner=runner, caller_file=caller_file)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from dpsim.errors import UsageError
 from dpsim.lanes import LANES
-from dpsim.options import check_lane, parse_ranks, parse_runner
+from dpsim.options import lane_runner, parse_ranks, parse_runner
 from dpsim.records.case import PROFILES
 
 if TYPE_CHECKING:
@@ -67,12 +67,6 @@ class SuiteOptions:
         parse_runner(self.runner, "runner")
         if self.lane not in LANES:
             raise UsageError(f"lane {self.lane!r}: expected one of {', '.join(LANES)}")
-        check_lane(
-            self.lane,
-            self.runner,
-            "pytest",
-            flags="--dpsim-lane runner --dpsim-runner v1",
-        )
         if self.lane == "runner" and self.target:
             raise UsageError("--dpsim-lane runner: --dpsim-target is the sync lane's")
         if self.profile not in PROFILES:
@@ -116,7 +110,7 @@ def resolve(options: SuiteOptions) -> SuiteConfig:
         target=load_target(
             options.vllm,
             options.target,
-            runner=options.runner,
+            runner=lane_runner(options.lane, options.runner),
             caller_file=options.caller_file,
         ),
         policy=load_policy(Path(options.policy)) if options.policy else None,

@@ -1,7 +1,7 @@
 """A runner-lane case, and the file that carries one with its run.
 
 A :class:`RunnerCase` is everything one run of the runner lane needs besides
-the target: the model runner (``v2``), the capture policy the deployment's
+the target: the model runner (``v2`` or ``v1``), the capture policy the deployment's
 managers are built from, the engine options, each rank's request stream and
 the seed. Like the sync lane's :class:`~dpsim.records.case.Case` it holds no
 target, so the same case runs against any release or tree (that is how a fix
@@ -32,12 +32,19 @@ from dpsim.errors import UsageError
 from dpsim.limits import MAX_INT, shown
 from dpsim.records.policy import CapturePolicy
 
-from .stream import EngineOptions, RankStream, streams_from_json, streams_to_json
+from .stream import (
+    EngineOptions,
+    RankStream,
+    speculators_of,
+    streams_from_json,
+    streams_to_json,
+)
 
 #: The lane's name, as ``--lane`` and files spell it.
 LANE = "runner"
-#: The model runners the lane drives (V1's is issue 17's).
-RUNNERS = ("v2",)
+#: The model runners the lane drives; a case file without ``runner`` is V2's
+#: (files written before the lane drove V1 replay as they did).
+RUNNERS = ("v2", "v1")
 KIND = "dpsim-runner-case"
 SCHEMA_VERSION = 1
 #: The scenario name a runner case answers to where sync-lane code asks
@@ -58,8 +65,14 @@ class RunnerCase:
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
             raise UsageError(
-                f"runner case: the runner lane drives the {', '.join(RUNNERS)} "
-                f"runner, not {shown(self.runner)}"
+                f"runner case: the runner lane drives the {' and '.join(RUNNERS)} "
+                f"runners, not {shown(self.runner)}"
+            )
+        if self.options.speculator not in (None, *speculators_of(self.runner)):
+            raise UsageError(
+                f"runner case: the {self.runner.upper()} runner's speculators are "
+                f"{', '.join(speculators_of(self.runner))}, not "
+                f"{shown(self.options.speculator)}"
             )
         if not self.streams:
             raise UsageError("runner case: needs one request stream per rank")

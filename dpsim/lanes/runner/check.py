@@ -62,6 +62,9 @@ class RunnerCheckOptions:
     #: A fixed capture policy (its mode, sizes and drafter table); each case
     #: takes its max_num_seqs and decode length from the engine options drawn.
     policy: CapturePolicy | None = None
+    #: The model runner the cases drive (``v2`` or ``v1``); the target must
+    #: be loaded for the same one.
+    runner: str = "v2"
 
 
 @dataclass(frozen=True)
@@ -98,19 +101,29 @@ def runner_cases(
     ranks: tuple[int, int] = DEFAULT_RUNNER_RANKS,
     speculators: tuple[str | None, ...] = (),
     policy: CapturePolicy | None = None,
+    runner: str = "v2",
 ) -> st.SearchStrategy[RunnerCase]:
-    """Runner cases: options and streams (C's strategies), a policy those
-    options fit (``policy`` fitted to them, when given), and a seed; every
-    part shrinks towards less."""
-    options = engine_options(speculators=speculators) if speculators else None
+    """Runner cases of ``runner``'s model runner: options and streams
+    (:mod:`.generate`), a policy those options fit (``policy`` fitted to them,
+    when given), and a seed; every part shrinks towards less."""
+    options = (
+        engine_options(speculators=speculators, runner=runner) if speculators else None
+    )
     return _runner_cases(
-        workloads(min_ranks=ranks[0], max_ranks=ranks[1], options=options), policy
+        workloads(
+            min_ranks=ranks[0], max_ranks=ranks[1], options=options, runner=runner
+        ),
+        policy,
+        runner,
     )
 
 
 @st.composite
 def _runner_cases(
-    draw: Any, workload: st.SearchStrategy[Any], fixed: CapturePolicy | None
+    draw: Any,
+    workload: st.SearchStrategy[Any],
+    fixed: CapturePolicy | None,
+    runner: str,
 ) -> RunnerCase:
     options, streams = draw(workload)
     if fixed is None:
@@ -120,7 +133,9 @@ def _runner_cases(
             policy = fitted(fixed, options)
         except PolicyError:
             reject()  # the fixed table cannot serve these options: draw others
-    return RunnerCase(policy, options, streams, seed=draw(st.integers(0, 3)))
+    return RunnerCase(
+        policy, options, streams, seed=draw(st.integers(0, 3)), runner=runner
+    )
 
 
 def fitted(policy: CapturePolicy, options: EngineOptions) -> CapturePolicy:
@@ -180,7 +195,10 @@ def run_runner_check(
 ) -> RunnerCheckReport:
     properties = select_for_runner_lane(options.properties)
     strategy = runner_cases(
-        ranks=options.ranks, speculators=options.speculators, policy=options.policy
+        ranks=options.ranks,
+        speculators=options.speculators,
+        policy=options.policy,
+        runner=options.runner,
     )
     chased: list[str] = []
     examples = 0

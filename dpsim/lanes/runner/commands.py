@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,9 @@ from dpsim.lanes.runner.processes import (
 from dpsim.lanes.runner.run import RunnerResult, run_runner_case, sources_for
 from dpsim.lanes.runner.sources import (
     OLDEST_RUNNER_LANE,
-    RUNNER_LANE_MODULES,
+    OLDEST_V1_RUNNER_LANE,
     check_runner_lane_release,
+    lane_modules,
 )
 from dpsim.options import parse_ranks
 from dpsim.progress import StatusLine
@@ -95,6 +97,7 @@ def check_options(arguments: argparse.Namespace) -> RunnerCheckOptions:
         policy = load_policy(Path(arguments.policy))
         refuse_unmodelled(policy, "--policy")
     return RunnerCheckOptions(
+        runner=arguments.runner or "v2",
         policy=policy,
         properties=tuple(dict.fromkeys(arguments.property)),
         ranks=ranks,
@@ -106,9 +109,10 @@ def check_options(arguments: argparse.Namespace) -> RunnerCheckOptions:
 
 
 def refuse_unsupported(spec: TargetSpec) -> None:
-    """Refuse, before anything is fetched, a release the lane cannot drive."""
+    """Refuse, before anything is fetched, a release the lane cannot drive
+    with the spec's model runner."""
     if isinstance(spec.base, ReleaseSpec):
-        check_runner_lane_release(spec.base.version)
+        check_runner_lane_release(spec.base.version, spec.runner)
 
 
 def refuse_unmodelled(policy: CapturePolicy, flag: str) -> None:
@@ -151,10 +155,11 @@ def check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
 
 def target_record(target: Target) -> dict[str, Any]:
     """The target as a runner case file records it: as a counterexample
-    does, plus the SHA-256 of every runner-lane file the target has."""
+    does, plus the SHA-256 of every runner-lane file the target has (those
+    its model runner's lane reads)."""
     sources = sources_for(target)
     lane_files = {}
-    for module in RUNNER_LANE_MODULES:
+    for module in lane_modules(target.runner):
         if module.endswith(".*"):
             continue  # packages: their modules are recorded by name below
         found = sources.file_of(module)
@@ -200,6 +205,11 @@ def summary(report: RunnerCheckReport, written: Path | None) -> dict[str, Any]:
     }
 
 
+def _runner_note(runner: str) -> str:
+    """How reports name a model runner other than the lane's default V2."""
+    return " (V1 model runner)" if runner == "v1" else ""
+
+
 def render_case(title: str, case: RunnerCase, run: RunnerResult) -> str:
     """A runner case, its syncs per forward step, and where each rank stood."""
     options = case.options
@@ -210,7 +220,8 @@ def render_case(title: str, case: RunnerCase, run: RunnerResult) -> str:
     )
     lines = [
         printable(title),
-        f"  runner lane, {case.dp_size} ranks, seed {case.seed}"
+        f"  runner lane{_runner_note(case.runner)}, {case.dp_size} ranks, "
+        f"seed {case.seed}"
         + (", async scheduling" if options.async_scheduling else "")
         + speculator,
         f"  engine: max_num_seqs {options.max_num_seqs}, max_num_batched_tokens "
@@ -252,7 +263,8 @@ def render_report(report: RunnerCheckReport, written: Path | None) -> str:
     options = report.options
     low, high = options.ranks
     lines = [
-        f"dpsim check --lane runner: {report.target.label}, ranks {low}..{high}, "
+        f"dpsim check --lane runner{_runner_note(options.runner)}: "
+        f"{report.target.label}, ranks {low}..{high}, "
         f"{options.examples} examples, seed {options.seed}",
         "  not judged on the runner lane: "
         + "; ".join(f"{name} ({why})" for name, why in NOT_FOR_RUNNER_LANE.items()),
@@ -304,10 +316,11 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
             f"replay --backend {backend}: runner case files replay on the simulator "
             "or on real gloo processes (the stood-in model computes nothing on a GPU)"
         )
-    if arguments.runner == "v1":
+    runner = recorded.case.runner
+    if arguments.runner and arguments.runner != runner:
         raise UsageError(
-            "replay --runner v1: a runner case drives the V2 model runner only "
-            "(the V1 runner's lane is issue 17)"
+            f"replay --runner {arguments.runner}: this runner case drives the "
+            f"{runner.upper()} model runner (recorded in the file); drop --runner"
         )
     if arguments.target or arguments.caller_file:
         raise UsageError(
@@ -318,7 +331,7 @@ def replay(arguments: argparse.Namespace, data: Any) -> int:
     vllm = arguments.vllm or str(spec["base"])
     from dpsim.targets import parse_target
 
-    target = load_spec(parse_target(vllm, spec.get("dp_utils_file"), runner="v2"))
+    target = load_spec(parse_target(vllm, spec.get("dp_utils_file"), runner=runner))
     if arguments.vllm is None:
         _check_recorded(recorded, target)
     run = run_runner_case(target, recorded.case)
@@ -435,17 +448,21 @@ def _check_recorded(recorded: RunnerCaseFile, target: Target) -> None:
 
 # -- versions -----------------------------------------------------------------------
 
-#: The releases ``versions --lane runner`` checks by default: the first of each
-#: minor the lane drives.
-RUNNER_LANE_RELEASES = tuple(
-    f"0.{minor}.0" for minor in range(OLDEST_RUNNER_LANE[1], 34)
-)
+#: The releases ``versions --lane runner`` checks by default, per model
+#: runner: the first of each minor the lane drives with it.
+RUNNER_LANE_RELEASES = {
+    runner: tuple(f"0.{minor}.0" for minor in range(oldest[1], 34))
+    for runner, oldest in (("v2", OLDEST_RUNNER_LANE), ("v1", OLDEST_V1_RUNNER_LANE))
+}
+#: Model runners in the report's order (the lane's default first).
+_LANE_RUNNERS = ("v2", "v1")
 
 
 def versions(arguments: argparse.Namespace) -> int:
     """``dpsim versions --lane runner``: one runner check per release (or
-    tree), one row each, written to ``--out/report.md`` and printed; a
-    release the lane cannot drive gets an ``error`` row with its refusal."""
+    tree) and model runner (both, or ``--runner``'s), one row each, written
+    to ``--out/report.md`` and printed; a release the lane cannot drive with
+    a runner gets an ``error`` row with its refusal."""
     from dpsim.isolation import run_isolated
     from dpsim.targets import parse_target
 
@@ -455,11 +472,21 @@ def versions(arguments: argparse.Namespace) -> int:
         )
     if arguments.profile != "caller":
         raise UsageError("versions --lane runner: --profile is the sync lane's")
-    from dpsim.options import check_lane
-
-    check_lane("runner", arguments.runner, "versions")
-    names = arguments.specs or list(RUNNER_LANE_RELEASES)
-    specs = [parse_target(name, runner="v2") for name in names]
+    runners = (arguments.runner,) if arguments.runner else _LANE_RUNNERS
+    requests: list[tuple[str, str]] = []
+    for runner in runners:
+        names = arguments.specs or list(RUNNER_LANE_RELEASES[runner])
+        requests.extend((name, runner) for name in names)
+    if arguments.specs:
+        # The user's order, each release's runners together.
+        order = {name: index for index, name in enumerate(arguments.specs)}
+        requests.sort(key=lambda request: order[request[0]])
+    specs: list[TargetSpec | UsageError] = []
+    for name, runner in requests:
+        try:
+            specs.append(parse_target(name, runner=runner))
+        except UsageError as error:  # that runner's row says why
+            specs.append(error)
     if arguments.examples is not None and arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     options = RunnerCheckOptions(
@@ -471,35 +498,45 @@ def versions(arguments: argparse.Namespace) -> int:
     from dpsim import allowances
 
     return run_isolated(
-        lambda: _versions(names, specs, options, out),
+        lambda: _versions(requests, specs, options, out),
         allowance=allowances.from_environment(),
     )
 
 
 def _versions(
-    names: list[str], specs: list[TargetSpec], options: RunnerCheckOptions, out: Path
+    requests: list[tuple[str, str]],
+    specs: list[TargetSpec | UsageError],
+    options: RunnerCheckOptions,
+    out: Path,
 ) -> int:
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, str, str, str, str]] = []
     failed = False
-    for name, spec in zip(names, specs, strict=True):
+    for (name, runner), spec in zip(requests, specs, strict=True):
         try:
+            if isinstance(spec, UsageError):
+                raise spec
             refuse_unsupported(spec)
             target = load_spec(spec)
-            report = run_runner_check(target, options)
+            report = run_runner_check(target, replace(options, runner=runner))
         except UsageError as error:
-            rows.append((name, "error", printable(error), ""))
+            rows.append((name, runner, "error", printable(error), ""))
             failed = True
             continue
         finding = report.finding
         if finding is None:
-            rows.append((target.label, "pass", f"{report.examples} cases", ""))
+            rows.append((target.label, runner, "pass", f"{report.examples} cases", ""))
             continue
         failed = True
-        # One folder per row: the same case found on two releases is two files.
-        written = save(target, report, out / re.sub(r"[^A-Za-z0-9._-]", "_", name))
+        # One folder per row: the same case found on two releases (or both
+        # runners) is two files.
+        folder = re.sub(r"[^A-Za-z0-9._-]", "_", name) + (
+            "-v1" if runner == "v1" else ""
+        )
+        written = save(target, report, out / folder)
         rows.append(
             (
                 target.label,
+                runner,
                 finding.primary.property,
                 printable(finding.primary),
                 str(written),
@@ -509,8 +546,8 @@ def _versions(
         f"runner lane, ranks {options.ranks[0]}..{options.ranks[1]}, "
         f"{options.examples} examples, seed {options.seed}",
         "",
-        "| vLLM | verdict | what | counterexample |",
-        "|---|---|---|---|",
+        "| vLLM | runner | verdict | what | counterexample |",
+        "|---|---|---|---|---|",
         *(f"| {' | '.join(cell.replace('|', '/') for cell in row)} |" for row in rows),
     ]
     text = "\n".join(lines) + "\n"

@@ -8,6 +8,13 @@ chunked, requests that end at ``max_model_len`` (where drafts are clamped),
 k = 1..7 speculative tokens with per-verification acceptance, unequal loads,
 many small requests.
 
+On the V1 model runner (``runner="v1"``) the drafter is V1's EAGLE or MTP
+``EagleProposer``, and requests near ``max_model_len`` start on either side
+of the drafter fit check (``max_seq_len + k <= max_model_len``: a rank whose
+batch fails it skips drafting while the others draft, vLLM bugs 40589 and
+44185): their prompts end up to k + 1 tokens before the end, and such a
+request runs to ``max_model_len``. The V2 lane's draws are unchanged by it.
+
 Small by default: the lane costs about 1 ms per rank-iteration, so a rank
 gets at most :data:`MAX_REQUESTS` requests arriving within
 ``max_iterations`` engine-loop iterations, each bounded so that a rank's work
@@ -28,10 +35,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from dpsim.lanes.runner.stream import (
-    SPECULATORS,
     EngineOptions,
     RankStream,
     RequestScript,
+    speculators_of,
 )
 
 __all__ = [
@@ -56,15 +63,18 @@ MAX_K = 7
 
 def engine_options(
     *,
-    speculators: tuple[str | None, ...] = (None, *SPECULATORS),
+    speculators: tuple[str | None, ...] | None = None,
     async_scheduling: bool | None = None,
+    runner: str = "v2",
 ) -> st.SearchStrategy[EngineOptions]:
     """Engine options: small budgets and model lengths so chunking and the
     ``max_model_len`` edge are reached in a few iterations.
 
-    ``speculators`` limits the drafter drawn (None: none); ``async_scheduling``
-    fixes it when not None.
+    ``speculators`` limits the drafter drawn (None: none; by default none or
+    any of ``runner``'s); ``async_scheduling`` fixes it when not None.
     """
+    if speculators is None:
+        speculators = (None, *speculators_of(runner))
     return _engine_options(speculators, async_scheduling)
 
 
@@ -95,24 +105,38 @@ def _engine_options(
 
 
 def rank_streams(
-    dp_size: int, options: EngineOptions, *, max_iterations: int = MAX_ITERATIONS
+    dp_size: int,
+    options: EngineOptions,
+    *,
+    max_iterations: int = MAX_ITERATIONS,
+    runner: str = "v2",
 ) -> st.SearchStrategy[tuple[RankStream, ...]]:
     """One stream per rank for ``options``; request ids are ``r<rank>-<n>``,
     unique across ranks."""
+    near = _near_end(options, runner)
     return st.tuples(
-        *(_rank_stream(rank, options, max_iterations) for rank in range(dp_size))
+        *(_rank_stream(rank, options, max_iterations, near) for rank in range(dp_size))
     )
+
+
+def _near_end(options: EngineOptions, runner: str) -> int:
+    """How many tokens before ``max_model_len`` a "near the end" prompt may
+    end: 3 (a few outputs reach it), or on V1 up to k + 1, so the drafter fit
+    check is drawn on both sides of its edge."""
+    if runner == "v1":
+        return max(3, options.num_speculative_tokens + 1)
+    return 3
 
 
 @st.composite
 def _rank_stream(
-    draw: Any, rank: int, options: EngineOptions, max_iterations: int
+    draw: Any, rank: int, options: EngineOptions, max_iterations: int, near: int
 ) -> RankStream:
     count = draw(st.integers(0, MAX_REQUESTS))
     arrivals = sorted(draw(st.integers(0, max_iterations - 1)) for _ in range(count))
     return RankStream(
         tuple(
-            draw(_request(f"r{rank}-{index}", arrival, options))
+            draw(_request(f"r{rank}-{index}", arrival, options, near))
             for index, arrival in enumerate(arrivals)
         )
     )
@@ -120,7 +144,7 @@ def _rank_stream(
 
 @st.composite
 def _request(
-    draw: Any, req_id: str, arrival: int, options: EngineOptions
+    draw: Any, req_id: str, arrival: int, options: EngineOptions, near: int
 ) -> RequestScript:
     most = options.max_model_len - 1
     budget = options.max_num_batched_tokens
@@ -129,11 +153,11 @@ def _request(
         # Long enough to be chunked: up to three chunks.
         kinds.append(st.integers(budget + 1, min(3 * budget, most)))
     # Near max_model_len: a few output tokens reach it.
-    kinds.append(st.integers(max(1, most - 3), most))
+    kinds.append(st.integers(max(1, most - near), most))
     prompt_len = draw(st.one_of(kinds))
     room = options.max_model_len - prompt_len
     lengths = [st.integers(1, MAX_OUTPUT)]
-    if room <= MAX_OUTPUT:
+    if room <= max(MAX_OUTPUT, near + 1):
         # Runs to max_model_len (check_stop ends it there, before max_tokens).
         lengths.append(st.integers(room, room + 2))
     output_len = draw(st.one_of(lengths))
@@ -158,14 +182,16 @@ def workloads(
     max_ranks: int = 4,
     max_iterations: int = MAX_ITERATIONS,
     options: st.SearchStrategy[EngineOptions] | None = None,
+    runner: str = "v2",
 ) -> st.SearchStrategy[tuple[EngineOptions, tuple[RankStream, ...]]]:
     """Engine options with one stream per rank (``min_ranks..max_ranks``
-    ranks, shrinking towards fewer)."""
+    ranks, shrinking towards fewer) for ``runner``'s model runner."""
     return _workloads(
         min_ranks,
         max_ranks,
         max_iterations,
-        options if options is not None else engine_options(),
+        options if options is not None else engine_options(runner=runner),
+        runner,
     )
 
 
@@ -176,8 +202,11 @@ def _workloads(
     max_ranks: int,
     max_iterations: int,
     options_strategy: st.SearchStrategy[EngineOptions],
+    runner: str,
 ) -> tuple[EngineOptions, tuple[RankStream, ...]]:
     dp_size = draw(st.integers(min_ranks, max_ranks))
     options = draw(options_strategy)
-    streams = draw(rank_streams(dp_size, options, max_iterations=max_iterations))
+    streams = draw(
+        rank_streams(dp_size, options, max_iterations=max_iterations, runner=runner)
+    )
     return options, streams

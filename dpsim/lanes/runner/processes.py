@@ -125,14 +125,10 @@ def run_runner_lane(
     check_backend(BACKEND, case.dp_size)
     if timeout_s <= 0:
         raise LaneError("the lane's timeout must be positive")
-    if target.runner != "v2":
-        raise TargetError(
-            f"runner lane: drives the V2 model runner; {target.label} is the "
-            f"{target.runner.upper()} runner's (issue 17)"
-        )
     # The simulator's schedule of the coordinator channel, which the real
     # processes follow (see dpsim.lanes.runner.schedule); refuses a case the
-    # lane cannot drive before any process starts.
+    # lane cannot drive (or a target loaded for the other runner) before any
+    # process starts.
     _, schedule = simulate_with_schedule(target, case)
     spec = target.spec
     run_dir = Path(tempfile.mkdtemp(prefix="dpsim-runner-lane-"))

@@ -84,7 +84,7 @@ def _run(job: RunnerRankJob, stream: Any) -> int:
             log.write(setup_error=f"{type(error).__name__}: {error}"[:1000])
             job.path("done").touch()
             return EXIT_SETUP
-        _run_engine(engine, world, log)
+        _run_engine(engine, world, log, job.case.get("runner", "v2"))
         if gaps:
             log.write(gaps=list(gaps))
     job.path("done").touch()
@@ -105,9 +105,9 @@ def _set_up(job: RunnerRankJob, log: Any) -> tuple[Any, Any]:
     from dpsim.targets import load_spec, parse_target
 
     torch.set_num_threads(1)  # N ranks share the host's cores
-    target = load_spec(parse_target(job.vllm, job.dp_utils_file, runner="v2"))
     case = RunnerCase.from_dict(job.case)
-    parts = default_builders()
+    target = load_spec(parse_target(job.vllm, job.dp_utils_file, runner=case.runner))
+    parts = default_builders(case.runner)
     sources = parts.sources(target)
     mailbox = RelayMailbox(Connection(job.relay_fd), INPUT_MAILBOX, job.looks)
     coordinator = RelayCoordinator(
@@ -126,17 +126,19 @@ def _set_up(job: RunnerRankJob, log: Any) -> tuple[Any, Any]:
     return engine, world
 
 
-def _run_engine(engine: Any, world: Any, log: Any) -> None:
+def _run_engine(engine: Any, world: Any, log: Any, runner: str) -> None:
     """The engine's real busy loop, as :func:`~dpsim.lanes.runner.engine.run_engine`
     runs it (its ``SystemExit`` after a requested shutdown is the normal end),
-    on this process's groups."""
+    on this process's groups, the trace marked with ``runner`` as the
+    simulator's is."""
     from dpsim.lanes.runner.relay import Stopped
-    from dpsim.lanes.runner.run import INPUT_MAILBOX
+    from dpsim.lanes.runner.run import INPUT_MAILBOX, mark_runner
     from dpsim.sim.mailbox import PARKED_EVENT
     from dpsim.sim.scheduler import StepBudgetExceeded, describe_exception
     from dpsim.targets import runtime
 
     with runtime.installed(world):
+        mark_runner(runner)
         try:
             with contextlib.suppress(SystemExit):
                 engine.run_busy_loop()

@@ -41,7 +41,7 @@ from .case import RunnerCase
 from .check import runner_cases
 from .extract import Origin
 from .run import run_runner_case, sources_for
-from .stream import EngineOptions, RankStream, RequestScript
+from .stream import EngineOptions, RankStream, RequestScript, speculators_of
 from .where import FunctionCoverage, LineCoverage, is_vllm_file
 
 #: The parts whose real classes the coverage covers, with where their
@@ -66,14 +66,14 @@ class Coverage:
     refused: tuple[tuple[str, str], ...]
 
 
-def coverage_cases() -> tuple[tuple[str, RunnerCase], ...]:
-    """Small cases reaching the lane's paths: named, busy rank 0, idle rank 1."""
+def coverage_cases(runner: str = "v2") -> tuple[tuple[str, RunnerCase], ...]:
+    """Small cases of ``runner``'s model runner reaching the lane's paths:
+    named, busy rank 0, idle rank 1, each of the runner's speculators."""
     named = []
     for name, speculator, k, asynchronous in (
         ("plain", None, 0, False),
         ("async scheduling", None, 0, True),
-        ("ar k=2", "ar", 2, False),
-        ("mtp k=2", "mtp", 2, False),
+        *((f"{kind} k=2", kind, 2, False) for kind in speculators_of(runner)),
     ):
         options = EngineOptions(
             async_scheduling=asynchronous,
@@ -89,7 +89,9 @@ def coverage_cases() -> tuple[tuple[str, RunnerCase], ...]:
         busy = RankStream(
             (RequestScript("a", 0, 20, 3), RequestScript("b", 1, 4, 2, kv_wait=1))
         )
-        named.append((name, RunnerCase(policy, options, (busy, RankStream()))))
+        named.append(
+            (name, RunnerCase(policy, options, (busy, RankStream()), runner=runner))
+        )
     return tuple(named)
 
 
@@ -106,17 +108,14 @@ def lane_origins(target: Target) -> list[Origin]:
     class, the methods kept): what it runs of the release for real, which
     ``dpsim mutate --lane runner`` mutates."""
     from .engine import engine_classes
-    from .model_runner import runner_kit
-    from .speculators import speculator_classes
 
     sources = sources_for(target)
-    classes: list[type] = [runner_kit(sources, target).runner_class]
     origins = list(engine_classes(sources).origins)
-    try:
-        speculators = speculator_classes(sources, target)
-        classes.extend({speculators.draft_model, *speculators.kinds.values()})
-    except TargetError:
-        pass  # a release without them: its cases say so
+    classes = (
+        _v1_classes(sources, target)
+        if target.runner == "v1"
+        else _v2_classes(sources, target)
+    )
     seen: set[int] = set()
     for klass in classes:
         for base in klass.__mro__:
@@ -127,11 +126,32 @@ def lane_origins(target: Target) -> list[Origin]:
     return origins
 
 
+def _v2_classes(sources: Any, target: Target) -> list[type]:
+    """The V2 model runner and its speculators' classes."""
+    from .model_runner import runner_kit
+    from .speculators import speculator_classes
+
+    classes: list[type] = [runner_kit(sources, target).runner_class]
+    try:
+        speculators = speculator_classes(sources, target)
+        classes.extend({speculators.draft_model, *speculators.kinds.values()})
+    except TargetError:
+        pass  # a release without them: its cases say so
+    return classes
+
+
+def _v1_classes(sources: Any, target: Target) -> list[type]:
+    """The V1 worker's, model runner's and drafter's classes (:mod:`.v1`)."""
+    from .v1 import real_classes
+
+    return list(real_classes(sources, target))
+
+
 def lane_coverage(target: Target) -> Coverage:
     """Run :func:`coverage_cases` on ``target`` under line coverage."""
     ran: list[str] = []
     refused: list[tuple[str, str]] = []
-    cases = coverage_cases()
+    cases = coverage_cases(target.runner)
     # Build the classes first (a case refused before they exist is fine).
     for name, case in cases[:1]:
         try:
@@ -149,7 +169,8 @@ def lane_coverage(target: Target) -> Coverage:
 
 
 def render_coverage(target: Target, found: Coverage) -> str:
-    lines = [f"{target.label}: runner lane"]
+    model = " (V1 model runner)" if target.runner == "v1" else ""
+    lines = [f"{target.label}: runner lane{model}"]
     lines.append("  cases run: " + (", ".join(found.ran) or "none"))
     for name, why in found.refused:
         lines.append(f"  refused {name}: {why}")
@@ -171,6 +192,7 @@ def coverage_json(target: Target, found: Coverage) -> dict[str, Any]:
     return {
         "target": target.label,
         "lane": "runner",
+        "runner": target.runner,
         "ran": list(found.ran),
         "refused": {name: why for name, why in found.refused},
         "functions": [
@@ -188,8 +210,9 @@ def coverage_json(target: Target, found: Coverage) -> dict[str, Any]:
 # -- speed --------------------------------------------------------------------
 
 
-def bench_cases(count: int, seed: int = 0) -> list[RunnerCase]:
-    """``count`` runner cases of 4 ranks, drawn as the check draws them."""
+def bench_cases(count: int, seed: int = 0, runner: str = "v2") -> list[RunnerCase]:
+    """``count`` runner cases of 4 ranks of ``runner``'s model runner, drawn
+    as the check draws them."""
     drawn: list[RunnerCase] = []
 
     def keep(case: RunnerCase) -> bool:
@@ -198,7 +221,7 @@ def bench_cases(count: int, seed: int = 0) -> list[RunnerCase]:
 
     with seeded_draws_only():
         find(
-            runner_cases(ranks=(4, 4)),
+            runner_cases(ranks=(4, 4), runner=runner),
             keep,
             settings=settings(
                 max_examples=count,
@@ -220,7 +243,7 @@ def measure(target: Target, count: int = 20, passes: int = 3) -> dict[str, Any]:
     ``timeit`` reports): a pass is under a second, and on a shared machine
     one pass can run at half speed while other processes take the cores.
     """
-    cases = bench_cases(count)
+    cases = bench_cases(count, runner=target.runner)
     usable = []
     for case in cases:  # warm up (class builds) and drop refused cases
         try:
@@ -243,6 +266,7 @@ def measure(target: Target, count: int = 20, passes: int = 3) -> dict[str, Any]:
     return {
         "measure": "runner",
         "target": target.label,
+        "runner": target.runner,
         "ranks": 4,
         "iterations": 8,
         "cases": len(usable),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -32,7 +32,9 @@ import torch
 from dpsim import allowances
 from dpsim.errors import TargetError
 from dpsim.records.groups import ENGINE_DP_GROUP
+from dpsim.records.sync import RUNNER_EVENT
 from dpsim.records.trace import SimResult
+from dpsim.scenarios.ranks import record
 from dpsim.sim import simulate
 from dpsim.sim.mailbox import Mailbox, Quiescence
 from dpsim.targets.load import Target
@@ -83,10 +85,22 @@ def step_budget_for(case: RunnerCase) -> int:
     return MIN_STEP_BUDGET + STEPS_PER_ITERATION * (iterations + wave_end)
 
 
+def v2_recorder(target: Target) -> Any:
+    """A rank's sync recorder on the V2 runner: the release's real
+    ``dispatch_cg_and_sync_dp``, recorded (shared by the rank's runner and
+    speculator, it numbers that rank's forward steps)."""
+    return recording_sync(target, _real_sync(target), Phases())
+
+
 @dataclass(frozen=True)
 class Builders:
     """How a run builds each rank's parts: the lane's own modules by default
-    (:func:`default_builders`); tests put small fakes in their place."""
+    (:func:`default_builders`); tests put small fakes in their place.
+
+    ``sync(target)`` makes a rank's sync recorder, handed to its
+    ``speculator`` and ``worker`` builders (None where the worker records
+    its own, as the V1 runner's does).
+    """
 
     sources: Callable[[Target], Any]
     scheduler: Callable[..., Any]
@@ -95,17 +109,20 @@ class Builders:
     engine: Callable[..., Any]
     run_engine: Callable[[Any], None]
     coordinator: Callable[[Any, Sequence[Mailbox]], Any]
+    sync: Callable[[Target], Any] = v2_recorder
 
 
-def default_builders() -> Builders:
-    """The lane's parts: C's scheduler, E's speculators, D's worker, B's
-    engine and coordinator, A's sources."""
+def default_builders(runner: str = "v2") -> Builders:
+    """The lane's parts for ``runner``'s model runner: the modelled
+    scheduler, the real engine loop and the coordinator model are the same
+    for both; the worker, model runner and drafter are V2's
+    (:mod:`.worker`, :mod:`.speculators`) or V1's (:mod:`.v1`)."""
     from .engine import build_engine, coordinator_for, run_engine
     from .scheduler import ModelledScheduler
     from .speculators import build_speculator
     from .worker import build_worker
 
-    return Builders(
+    shared = Builders(
         sources=sources_for,
         scheduler=ModelledScheduler,
         speculator=build_speculator,
@@ -114,6 +131,53 @@ def default_builders() -> Builders:
         run_engine=run_engine,
         coordinator=coordinator_for,
     )
+    if runner == "v1":
+        return replace(
+            shared, speculator=_v1_proposer_factory, worker=_v1_worker, sync=_no_sync
+        )
+    return shared
+
+
+def _no_sync(target: Target) -> None:
+    """The V1 worker makes its rank's recorder itself (V1's sync is
+    ``coordinate_batch_across_dp``, called by its runner and drafter)."""
+    return None
+
+
+def _v1_proposer_factory(
+    sources: Any,
+    options: Any,
+    policy: Any,
+    rank: int,
+    dp_size: int,
+    *,
+    target: Target,
+    sync: Any,
+) -> Callable[[Any], Any]:
+    """What the V1 worker calls with its runner's kit to make the rank's
+    drafter (:func:`~dpsim.lanes.runner.v1.proposer.build_v1_proposer`,
+    None without a speculator)."""
+    from .v1.proposer import build_v1_proposer
+
+    return functools.partial(build_v1_proposer, sources, options, policy, rank, dp_size)
+
+
+def _v1_worker(
+    sources: Any,
+    options: Any,
+    policy: Any,
+    rank: int,
+    dp_size: int,
+    *,
+    speculator: Callable[[Any], Any],
+    sync: Any,
+) -> Any:
+    """Rank ``rank``'s real V1 ``Worker`` over its real V1 ``GPUModelRunner``
+    (:func:`~dpsim.lanes.runner.v1.build_v1_worker`), its drafter made by
+    ``speculator``."""
+    from .v1 import build_v1_worker
+
+    return build_v1_worker(sources, options, policy, rank, dp_size, speculator)
 
 
 @functools.lru_cache(maxsize=16)
@@ -161,12 +225,12 @@ def run_runner_case(
     part refuses the release, or any stand-in was asked what it does not
     know): never a verdict on a run the lane could not model.
     """
-    if target.runner != "v2":
+    if target.runner != case.runner:
         raise TargetError(
-            f"runner lane: drives the V2 model runner; {target.label} is the "
-            f"{target.runner.upper()} runner's (issue 17)"
+            f"runner lane: the case drives the {case.runner.upper()} model runner, "
+            f"but {target.label} was loaded for the {target.runner.upper()} runner"
         )
-    parts = builders or default_builders()
+    parts = builders or default_builders(case.runner)
     allowances.case_started()
     dp_size = case.dp_size
     stood: dict[int, tuple[str, ...]] = {}
@@ -226,6 +290,7 @@ def _programs(
     ]
 
     def program(rank: int) -> None:
+        mark_runner(case.runner)
         parts.run_engine(engines[rank])
 
     def on_quiescent(now: Quiescence) -> bool:
@@ -236,6 +301,14 @@ def _programs(
         return False
 
     return [program] * case.dp_size, on_quiescent
+
+
+def mark_runner(runner: str) -> None:
+    """Say first in the running rank's trace that the V1 runner made it, as
+    the sync lane's V1 ranks do: properties judge a trace without the mark
+    as V2's (V1's eager descriptors, for one, carry no request count)."""
+    if runner == "v1":
+        record(RUNNER_EVENT, {"runner": "v1"})
 
 
 def build_rank(
@@ -255,7 +328,7 @@ def build_rank(
     stream = case.streams[rank]
     # One recorder per rank, shared by its runner and its speculator: it
     # numbers that rank's forward steps.
-    sync = recording_sync(target, _real_sync(target), Phases())
+    sync = parts.sync(target)
     speculator = parts.speculator(
         sources, options, policy, rank, dp_size, target=target, sync=sync
     )

@@ -58,14 +58,16 @@ def simulate_with_schedule(
     """Simulate ``case`` as :func:`~dpsim.lanes.runner.run.run_runner_case`
     does, recording the schedule real processes are to follow."""
     schedule = RelaySchedule()
-    run = run_runner_case(target, case, builders=recording_builders(schedule))
+    run = run_runner_case(
+        target, case, builders=recording_builders(schedule, case.runner)
+    )
     return run, schedule
 
 
-def recording_builders(schedule: RelaySchedule) -> Builders:
-    """The lane's own builders, the coordinator and each engine's mailbox
-    wrapped to record ``schedule``."""
-    base = default_builders()
+def recording_builders(schedule: RelaySchedule, runner: str = "v2") -> Builders:
+    """The lane's own builders for ``runner``'s model runner, the coordinator
+    and each engine's mailbox wrapped to record ``schedule``."""
+    base = default_builders(runner)
 
     def coordinator(sources: Any, mailboxes: Any) -> Any:
         return _RecordingCoordinator(base.coordinator(sources, mailboxes), schedule)

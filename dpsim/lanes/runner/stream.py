@@ -37,9 +37,11 @@ from dpsim.limits import (
 
 __all__ = [
     "SPECULATORS",
+    "V1_SPECULATORS",
     "EngineOptions",
     "RankStream",
     "RequestScript",
+    "speculators_of",
     "streams_from_json",
     "streams_to_json",
 ]
@@ -47,6 +49,12 @@ __all__ = [
 #: The speculators the lane drives: the target-dependent autoregressive one
 #: (0.29's ``spec_decode/autoregressive``, 0.33's ``target_dependent_ar``) and MTP.
 SPECULATORS = ("ar", "mtp")
+#: The drafters the lane drives on the V1 model runner: its ``EagleProposer``
+#: with method ``eagle`` or ``mtp``.
+V1_SPECULATORS = ("eagle", "mtp")
+#: Every speculator name an engine's options may carry (a case refuses one
+#: its model runner does not have: :func:`speculators_of`).
+_ALL_SPECULATORS = tuple(dict.fromkeys((*SPECULATORS, *V1_SPECULATORS)))
 #: vLLM's default ``dp_sync_interval`` (ParallelConfig, 0.30+).
 DEFAULT_DP_SYNC_INTERVAL = 16
 #: Largest model length a case may name; far beyond what a case needs, it
@@ -116,10 +124,15 @@ class EngineOptions:
         return _from_json(cls, data, "engine options")
 
 
+def speculators_of(runner: str) -> tuple[str, ...]:
+    """The speculators the lane drives on ``runner``'s model runner."""
+    return V1_SPECULATORS if runner == "v1" else SPECULATORS
+
+
 def _speculator(value: Any) -> str | None:
-    if value is None or (isinstance(value, str) and value in SPECULATORS):
+    if value is None or (isinstance(value, str) and value in _ALL_SPECULATORS):
         return None
-    return f"must be one of {', '.join(SPECULATORS)} or null, got {shown(value)}"
+    return f"must be one of {', '.join(_ALL_SPECULATORS)} or null, got {shown(value)}"
 
 
 _OPTION_FIELDS = (

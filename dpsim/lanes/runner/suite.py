@@ -55,7 +55,11 @@ def runner_lane_test(
 
             refuse_unmodelled(configured.policy, "--dpsim-policy")
         with seeded_draws_only():
-            cases = runner_cases(ranks=configured.ranks, policy=configured.policy)
+            cases = runner_cases(
+                ranks=configured.ranks,
+                policy=configured.policy,
+                runner=configured.target.runner,
+            )
             case = data.draw(cases, label="case")
         run = run_runner_case(configured.target, case)
         properties = tuple(RUNNER_LANE_PROPERTIES.values())
