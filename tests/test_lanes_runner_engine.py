@@ -311,6 +311,28 @@ def test_input_queue_polls_refuses_a_timeout_and_fast_forwards() -> None:
         inputs.get(block=False)
 
 
+def test_a_signalled_input_queue_raises_system_exit_from_its_blocking_get() -> None:
+    """0.12-0.17's signal handler raises SystemExit in the engine's thread,
+    which at end of input waits in its input queue's get: the coordinator's
+    shutdown signals it, then wakes the mailbox, and the get raises."""
+    box = Mailbox(0)
+    coordinator = Coordinator([box], front_end_wakes=False)
+    inputs = InputQueue(box, Arrivals(0, [], coordinator))
+    coordinator.attach(0, inputs.signal_exit)
+    got: list[Any] = []
+
+    def program(rank: int) -> None:
+        box.put("before")
+        got.append(inputs.get())
+        with pytest.raises(SystemExit):
+            inputs.get()
+        got.append("exited")
+
+    result = simulate(program, ranks=1, on_quiescent=coordinator.on_quiescent)
+    assert result.outcome is Outcome.OK
+    assert got == ["before", "exited"]
+
+
 # -- the real engine loop (releases) ------------------------------------------------
 
 
