@@ -49,6 +49,7 @@ class Measurement:
         self.marks = marks
         self._context: tuple[str, str] | None = None
         self._contexts: Contexts | None = None
+        self._touched: dict[str, frozenset[int]] = {}
         paths = sorted({os.path.realpath(scope.path) for scope in self.scopes})
         self._coverage: coverage.Coverage | None = coverage.Coverage(
             data_file=None,
@@ -113,11 +114,35 @@ class Measurement:
                         data.lines(filename) or (), data.arcs(filename) or ()
                     )
             contexts[(scenario, profile)] = files
+        data.set_query_contexts(None)
+        for filename in data.measured_files():
+            scope = by_real.get(os.path.realpath(filename))
+            if scope is not None:
+                self._touched[scope.path] = frozenset(
+                    _touched(data.arcs(filename) or ())
+                )
         return contexts
+
+    def lines_run(self, path: str) -> frozenset[int]:
+        """Every line of ``path`` a frame was on while traced: where each
+        call started (a function's first line, a generator's resumption) and
+        every line it went to, before the mapping to statements :meth:`result`
+        makes (what a code object's ``co_lines()`` can be compared with)."""
+        self._finish()
+        return self._touched.get(path, frozenset())
 
     def result(self, version: str | None) -> CoverageResult:
         """What the ``running`` blocks executed; no block runs after this."""
         return CoverageResult.of(self.scopes, version, self._finish(), self.marks)
+
+
+def _touched(arcs: Iterable[Arc]) -> Iterator[int]:
+    for start, end in arcs:
+        # A negative start is a call of the code object starting on that line;
+        # a negative end, a return (its line is not run again).
+        yield abs(start)
+        if end > 0:
+            yield end
 
 
 def measure(

@@ -15,7 +15,6 @@ each real method, against what it could.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,15 +102,16 @@ class LineCoverage:
     """Which lines of ``codes`` (function code objects, e.g. a rebuilt class's
     ``DPSIM_ORIGIN.codes()``) run inside ``with coverage:``.
 
-    ``sys.settrace`` (Python 3.11 has no ``sys.monitoring``), on the current
-    thread, which is every virtual rank's (greenlets share it); only calls of
-    the chosen code objects are traced line by line. A frame already running
-    when the block starts is not counted, and another tracer (a debugger,
-    coverage.py) is set aside for the block and put back after it.
-    Executable lines come from each code object's ``co_lines()``.
+    Measured by dpsim's target coverage (:mod:`dpsim.coverage`, coverage.py
+    over the codes' files, every virtual rank's greenlet included), read per
+    function: a line counts when a frame was on it, the line a call starts
+    on included. A frame already running when the block starts is not
+    counted. Executable lines come from each code object's ``co_lines()``.
     """
 
     def __init__(self, codes: Iterable[CodeType]) -> None:
+        from dpsim.coverage import Scope, measure
+
         #: Each traced code object -> the given function it belongs to.
         self._root: dict[CodeType, CodeType] = {}
         self._roots: list[CodeType] = []
@@ -121,43 +121,37 @@ class LineCoverage:
             self._roots.append(code)
             for part in (code, *_nested(code)):
                 self._root.setdefault(part, code)
-        self._ran: dict[CodeType, set[int]] = {code: set() for code in self._roots}
-        self._previous: Any = None
+        files = dict.fromkeys(code.co_filename for code in self._roots)
+        self._measurement = measure(
+            Scope(name, _FILES.get(name) or Path(name).name) for name in files
+        )
+        self._running: Any = None
 
     def __enter__(self) -> LineCoverage:
-        self._previous = sys.gettrace()
-        sys.settrace(self._call)
+        self._running = self._measurement.running()
+        self._running.__enter__()
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        sys.settrace(self._previous)
-
-    def _call(self, frame: FrameType, event: str, arg: object) -> Any:
-        root = self._root.get(frame.f_code)
-        if root is None:
-            return None
-        ran = self._ran[root]
-        ran.add(frame.f_lineno)
-
-        def line(frame: FrameType, event: str, arg: object) -> Any:
-            if event == "line":
-                ran.add(frame.f_lineno)
-            return line
-
-        return line
+    def __exit__(self, *exc_info: Any) -> None:
+        self._running.__exit__(*exc_info)
 
     def functions(self) -> list[FunctionCoverage]:
         """Every given function, in the order given."""
-        return [
-            FunctionCoverage(
-                filename=code.co_filename,
-                name=code.co_qualname,
-                first_line=code.co_firstlineno,
-                executable=frozenset(lines := _lines(code)),
-                executed=frozenset(self._ran[code] & lines),
+        found = []
+        for code in self._roots:
+            lines = _lines(code)
+            found.append(
+                FunctionCoverage(
+                    filename=code.co_filename,
+                    name=code.co_qualname,
+                    first_line=code.co_firstlineno,
+                    executable=frozenset(lines),
+                    executed=frozenset(
+                        self._measurement.lines_run(code.co_filename) & lines
+                    ),
+                )
             )
-            for code in self._roots
-        ]
+        return found
 
 
 def _nested(code: CodeType) -> Iterator[CodeType]:
