@@ -1,0 +1,93 @@
+"""``dpsim check --lane runner --runner v1`` end to end, and its case file
+replayed on the simulator and on real gloo processes.
+
+The planted bug is a textual edit of the cached 0.33.0 release's
+``v1/worker/gpu_model_runner.py`` in a temporary tree (the dummy run forwards
+its own token count instead of the agreed one, vLLM 25906's bug class): the
+check finds it in its default budget, the file records the V1 runner, and
+replay (which reads the runner from the file) reproduces it byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dpsim.cli import main
+from dpsim.lanes.runner import case as runner_case
+
+pytestmark = pytest.mark.release
+
+#: The lane's real processes give up on a collective after this long.
+TIMEOUT_S = 1.0
+
+
+@pytest.fixture
+def planted_tree(release_file: Callable[[str, str], Path], tmp_path: Path) -> Path:
+    """0.33.0 with the V1 dummy run forwarding its local token count."""
+    package = release_file("0.33.0", "v1/worker/gpu_model_runner.py").parents[2]
+    tree = tmp_path / "tree" / "vllm"
+    shutil.copytree(package, tree)
+    path = tree / "v1" / "worker" / "gpu_model_runner.py"
+    text = path.read_text()
+    old = "        num_tokens_padded = batch_desc.num_tokens\n        num_reqs_padded"
+    assert text.count(old) == 1
+    path.write_text(
+        text.replace(
+            old,
+            "        num_tokens_padded = num_tokens_unpadded\n        num_reqs_padded",
+        )
+    )
+    return tree
+
+
+def _found(
+    tree: Path, out: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict[str, Any], Path]:
+    arguments = ["check", "--lane", "runner", "--runner", "v1", "--vllm", str(tree)]
+    assert main([*arguments, "--json", "--out", str(out)]) == 1
+    summary = json.loads(capsys.readouterr().out)
+    return summary, Path(summary["counterexample"])
+
+
+def test_a_planted_v1_bug_is_found_written_and_replayed(
+    planted_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    summary, written = _found(planted_tree, tmp_path / "out", capsys)
+    assert summary["lane"] == "runner" and summary["verdict"] == "fail"
+    assert "(V1 runner)" in summary["target"]
+    recorded = runner_case.read(written)
+    assert recorded.case.runner == "v1"
+    assert recorded.target["spec"]["runner"] == "v1"
+    # A V1 target's lane files are V1's.
+    assert "vllm.v1.worker.gpu_model_runner" in recorded.target["lane_files"]
+    assert main(["replay", str(written), "--json"]) == 1
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["status"] == "reproduced"
+    # The file says which runner; another one is refused in one line.
+    assert main(["replay", str(written), "--runner", "v2"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error == (
+        "dpsim: error: replay --runner v2: this runner case drives the V1 model "
+        "runner (recorded in the file); drop --runner"
+    )
+    # The unmodified release holds on the same case: how a fix is verified.
+    assert main(["replay", str(written), "--vllm", "0.33.0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "holds"
+
+
+@pytest.mark.gloo
+def test_a_v1_case_file_replays_on_gloo_and_agrees_with_the_simulator(
+    planted_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, written = _found(planted_tree, tmp_path / "out", capsys)
+    args = ["replay", str(written), "--backend", "gloo", "--timeout", str(TIMEOUT_S)]
+    assert main([*args, "--json"]) == 1
+    lane = json.loads(capsys.readouterr().out)["lane"]
+    assert lane["disagreements"] == []
+    assert lane["verdicts"] and lane["verdicts"][0]["property"] == "no-error"
