@@ -22,6 +22,10 @@ pytest's configuration, sees them too):
   --dpsim-db URL          DPSIM_HYPOTHESIS_DB  shared example database
                                            (see dpsim.database)
   --dpsim-examples N      DPSIM_EXAMPLES   examples per scenario
+  --dpsim-coverage        DPSIM_COVERAGE=1 target coverage (lines and branches
+                                           of vLLM's sync code the cases ran;
+                                           sync lane) printed at the end and
+                                           written to OUT/coverage/
   --dpsim-lane NAME       DPSIM_LANE       sync (default: the scenario tests) or
                                            runner (vLLM's real engine loop,
                                            worker, model runner, speculators;
@@ -51,6 +55,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import current_reporter
 
 from dpsim import allowances
+from dpsim.coverage import suite as coverage_suite
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
 from dpsim.options import LANE_HELP, RUNNER_HELP
@@ -100,9 +105,13 @@ class _Configured:
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Whether --hypothesis-profile was given (then it is the parent).
     explicit_profile: bool = False
+    #: --dpsim-coverage (or DPSIM_COVERAGE): measure target coverage.
+    coverage: bool = False
 
 
 _configured: _Configured | None = None
+#: Each suite test's target coverage, as its child sent it (--dpsim-coverage).
+_coverage_results: list[dict[str, Any]] = []
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -111,6 +120,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(
             f"--dpsim-{name}", default=None, help=f"{text} (env {variable})"
         )
+    group.addoption(
+        "--dpsim-coverage",
+        action="store_true",
+        default=False,
+        help="target coverage: the lines and branches of the target's own code "
+        "the suite's cases ran, printed at the end and written to "
+        "OUT/coverage/ (not the `coverage` property; env DPSIM_COVERAGE=1)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -118,13 +135,17 @@ def pytest_configure(config: pytest.Config) -> None:
     values = {name: config.getoption(f"--dpsim-{name}") for name, _, _ in _OPTIONS}
     try:
         _configured = _configure(
-            values, config.getoption("hypothesis_profile", None) is not None
+            values,
+            config.getoption("hypothesis_profile", None) is not None,
+            coverage=bool(config.getoption("--dpsim-coverage", False)),
         )
     except UsageError as error:
         raise pytest.UsageError(f"dpsim: {error}") from None
 
 
-def _configure(values: dict[str, str | None], explicit_profile: bool) -> _Configured:
+def _configure(
+    values: dict[str, str | None], explicit_profile: bool, *, coverage: bool = False
+) -> _Configured:
     merged = {
         name: values.get(name) or os.environ.get(variable) or None
         for name, variable, _ in _OPTIONS
@@ -157,7 +178,9 @@ def _configure(values: dict[str, str | None], explicit_profile: bool) -> _Config
                 f"--dpsim-examples {merged['examples']!r}: expected a positive number"
             )
         overrides["max_examples"] = examples
-    return _Configured(options, overrides, explicit_profile)
+    return _Configured(
+        options, overrides, explicit_profile, coverage=coverage_suite.enabled(coverage)
+    )
 
 
 def _current() -> _Configured:
@@ -224,6 +247,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         sent = json.loads(result.stdout)
     except ValueError:
         sent = {"message": result.error}
+    if sent.get("coverage") is not None:
+        _coverage_results.append(sent["coverage"])
     if sent.get("statistics") is not None:
         pyfuncitem.hypothesis_statistics = sent["statistics"]  # type: ignore[attr-defined]
     for line in sent.get("reported") or ():
@@ -238,9 +263,16 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
     """In the child: the test's status; its message and Hypothesis' notes on stdout."""
     code, message = 0, None
+    measured: Any = None
     try:
         with prints_to_stderr():
-            test()
+            if _current().coverage and suite_options().lane == "sync":
+                target = current_suite().target
+                with coverage_suite.measuring(target) as measurement:
+                    test()
+                measured = measurement.result(target.version).to_json()
+            else:
+                test()
     except pytest.skip.Exception as skipped:
         code, message = _SKIPPED, skipped.msg
     except pytest.fail.Exception as failed:
@@ -252,6 +284,19 @@ def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
         "message": message,
         "statistics": getattr(item, "hypothesis_statistics", None),
         "reported": getattr(reporter, "results", None),
+        "coverage": measured,
     }
     print(json.dumps(sent))
     return code
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """--dpsim-coverage: the suite's target coverage, every test's merged."""
+    if not _coverage_results:
+        return
+    options = suite_options()
+    title = options.vllm or options.target or "the default release"
+    text = coverage_suite.summary(_coverage_results, options.out, title)
+    if text is not None:
+        terminalreporter.write_sep("=", "dpsim target coverage")
+        terminalreporter.write_line(text)

@@ -75,6 +75,10 @@ class Measurement:
         measured = self._coverage
         if measured is None:
             raise RuntimeError("Measurement.running() after its result was taken")
+        if not self.scopes:
+            # Nothing to measure (coverage.py would take no include as all files).
+            yield
+            return
         measured.start()
         try:
             if self._context != (scenario, profile):

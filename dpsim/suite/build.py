@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 
 from dpsim import cex
+from dpsim.coverage import suite as coverage_suite
 from dpsim.properties import PROPERTY_NAMES, Verdict, judge
 from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
@@ -70,7 +71,8 @@ def check_drawn_case(
         label="case",
     )
     try:
-        result = run_case(target, case)
+        with coverage_suite.running(scenario, suite.profile):
+            result = run_case(target, case)
     except PolicyRefused:
         assume(False)
         return
