@@ -27,9 +27,11 @@ and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
   (``DPEngineCoreProc.add_request`` emits ``start_wave``).
 * End of input: when no rank can run and every blocked rank is parked in its
   input mailbox (idle engines, no arrivals left), the front-end shuts the
-  engines down as vLLM's signal handler does (``run_engine_core``:
+  engines down as vLLM's signal handler does (``run_engine_core``, 0.18+:
   ``shutdown_state = REQUESTED``, then a ``WAKEUP`` into the input queue),
-  once per engine; their real ``_handle_shutdown`` ends their loops. When some
+  once per engine (the shutdown callback the engine registered does the
+  rest: through 0.17 the handler raises ``SystemExit`` in the waiting
+  engine instead); their real ``_handle_shutdown`` ends their loops. When some
   rank waits in a collective instead, nothing is delivered: the run ends
   where every rank stood, for the diagnosis.
 
