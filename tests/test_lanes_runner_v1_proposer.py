@@ -8,7 +8,9 @@ between them, as the V1 model runner calls them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import shutil
 import types
 from pathlib import Path
@@ -280,18 +282,24 @@ def _metadata(sources: RunnerSources, num_reqs: int, per_request: int) -> Any:
     made = proposer.common_attn_metadata_class(sources, sources.target)
     tokens = num_reqs * per_request
     starts = torch.arange(num_reqs + 1, dtype=torch.int32) * per_request
-    return made(
-        query_start_loc=starts,
-        query_start_loc_cpu=starts.clone(),
-        seq_lens=torch.full((num_reqs,), 20, dtype=torch.int32),
-        seq_lens_cpu_upper_bound=torch.full((num_reqs,), 20, dtype=torch.int32),
-        num_reqs=num_reqs,
-        num_actual_tokens=tokens,
-        max_query_len=per_request,
-        max_seq_len=20,
-        block_table_tensor=torch.zeros(num_reqs, 4, dtype=torch.int32),
-        slot_mapping=torch.zeros(tokens, dtype=torch.int64),
-    )
+    lengths = torch.full((num_reqs,), 20, dtype=torch.int32)
+    values = {
+        "query_start_loc": starts,
+        "query_start_loc_cpu": starts.clone(),
+        "seq_lens": lengths,
+        "seq_lens_cpu_upper_bound": lengths.clone(),
+        # Before 0.21 the metadata carried host copies instead of a bound.
+        "seq_lens_cpu": lengths.clone(),
+        "num_computed_tokens_cpu": lengths - per_request,
+        "num_reqs": num_reqs,
+        "num_actual_tokens": tokens,
+        "max_query_len": per_request,
+        "max_seq_len": 20,
+        "block_table_tensor": torch.zeros(num_reqs, 4, dtype=torch.int32),
+        "slot_mapping": torch.zeros(tokens, dtype=torch.int64),
+    }
+    names = {field.name for field in dataclasses.fields(made)}
+    return made(**{name: value for name, value in values.items() if name in names})
 
 
 def _run(
@@ -315,8 +323,13 @@ def _run(
             return
         metadata = _metadata(sources, 3, 1 + k)
         tokens = metadata.num_actual_tokens
+        extra = (
+            {"num_speculative_tokens": k}
+            if "num_speculative_tokens" in inspect.signature(drafter.propose).parameters
+            else {}
+        )
         out = drafter.propose(
-            num_speculative_tokens=k,
+            **extra,
             target_token_ids=torch.zeros(tokens, dtype=torch.int32),
             target_positions=torch.arange(tokens),
             target_hidden_states=torch.zeros(tokens, HIDDEN_SIZE),

@@ -41,7 +41,7 @@ leaves a drafter-forward event; it returns the tuple ``model_returns_tuple``
 says the real model returns), the triton kernels (what CPU code reads back of
 their results, in CPU torch: :func:`_prepare_inputs_padded`,
 :func:`_prepare_next_token_padded`, :func:`_step_update`), KV slots and the
-attention metadata builders (no attention groups: opaque to DP),
+attention metadata builders (one attention group whose metadata is opaque: read only by attention kernels),
 ``CpuGpuBuffer`` (its numpy side is the tensor). Not modelled, so a gap
 (refusal) when reached: parallel drafting and draft models (the
 ``copy_and_expand`` kernels), eagle3/dflash hidden-state combining,
@@ -478,8 +478,17 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
     namespace = _globals(target, utils_path, metadata)
     trees = [eagle_tree]
     rebuilt: list[type] = []
-    if sources.has(BASE_MODULE) and _BASE_CLASS in _bases(eagle_tree):
-        base_path = sources.path(BASE_MODULE)
+    _check_dp_caller(sources, eagle_path, version)
+    if _BASE_CLASS in _bases(eagle_tree):
+        # 0.15-0.20 keep the base class in eagle.py; 0.21 moved it out.
+        base_path = next(
+            (
+                path
+                for path in (sources.file_of(BASE_MODULE), eagle_path)
+                if path is not None and find_class(path, _BASE_CLASS) is not None
+            ),
+            eagle_path,  # class_node's one-line refusal names the file
+        )
         base_tree = class_node(base_path, _BASE_CLASS, version=version)
         trees.insert(0, base_tree)
         base = real_class(
@@ -505,8 +514,7 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
             raise TargetError(
                 f"runner lane: vLLM {_shown(version)} has no EAGLE proposer the "
                 f"lane can drive: eagle.py's {_EAGLE_CLASS} derives from "
-                f"{', '.join(_bases(eagle_tree))}, and there is no "
-                "llm_base_proposer.py"
+                f"{', '.join(_bases(eagle_tree))}, not {_BASE_CLASS}"
             )
         proposer = real_class(
             eagle_path,
@@ -523,6 +531,27 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
         common_attn_metadata=metadata,
         rebuilt=tuple(rebuilt),
     )
+
+
+def _check_dp_caller(
+    sources: RunnerSources, eagle_path: Path, version: str | None
+) -> None:
+    """Refuse a release whose drafter pads across DP with
+    ``_pad_batch_across_dp`` (0.12-0.16): it sizes its graphs with
+    ``pad_for_cudagraph`` and its own ``use_cuda_graph`` flag, not a
+    dispatcher, and builds attention metadata through the model runner's
+    builders; the lane models the dispatcher form (0.17+) only."""
+    paths = [p for p in (sources.file_of(BASE_MODULE), eagle_path) if p is not None]
+    text = "".join(path.read_text() for path in paths)
+    if "def _determine_batch_execution_and_padding(" in text:
+        return
+    if "def _pad_batch_across_dp(" in text:
+        raise TargetError(
+            f"runner lane: vLLM {_shown(version)}'s EAGLE proposer pads across DP "
+            "with _pad_batch_across_dp (0.17 replaced it with its own "
+            "_determine_batch_execution_and_padding over a CudagraphDispatcher), "
+            "which the V1 runner lane does not model"
+        )
 
 
 def _bases(node: ast.ClassDef) -> list[str]:
@@ -613,6 +642,7 @@ def _globals(target: Any, utils_path: Path, metadata: type) -> dict[str, Any]:
         _METADATA_CLASS: metadata,
         # Pinned host memory is a CUDA matter; the lane's tensors are CPU ones.
         "PIN_MEMORY": False,
+        "TreeAttentionMetadata": _TreeAttentionMetadata,
         "async_tensor_h2d": _launcher("async_tensor_h2d", _async_tensor_h2d),
         "eagle_prepare_inputs_padded_kernel": _Kernel(
             "eagle_prepare_inputs_padded_kernel", _prepare_inputs_padded
@@ -705,7 +735,7 @@ def _attributes(
         "max_query_tokens": tokens,
         "max_positions": tokens,
         "supports_mm_inputs": False,
-        "draft_attn_groups": [],
+        "draft_attn_groups": [_attention_group()],
         "kv_cache_gid": 0,
         "eagle3_use_aux_hidden_state": False,
         "compilation_config": vllm_config.compilation_config,
@@ -717,8 +747,7 @@ def _attributes(
         "draft_uses_xdrope_dim": 0,
         "positions": torch.zeros(tokens, dtype=torch.int64),
         "hidden_states": torch.zeros(tokens, HIDDEN_SIZE),
-        # Set by initialize_attn_backend from the KV cache spec: any size > 0.
-        "block_size": 16,
+        "block_size": _BLOCK_SIZE,
         "arange": torch.arange(arange, dtype=torch.int32),
         "is_rejected_token_mask": None,
         "is_masked_token_mask": None,
@@ -735,9 +764,46 @@ def _attributes(
         "_slot_mapping_buffer": torch.zeros(tokens, dtype=torch.int64),
         "allowed_attn_types": None,
         "model": model,
-        "_draft_attn_layer_names": frozenset(),
-        "attn_layer_names": [],
+        "_draft_attn_layer_names": frozenset({_DRAFT_LAYER}),
+        "attn_layer_names": [_DRAFT_LAYER],
+        # 0.17-0.20 keep the model runner (and assert it is set); the lane's
+        # drafter reads nothing of it on the paths it runs.
+        "runner": standin("GPUModelRunner (as the drafter holds it)"),
     }
+
+
+#: The KV cache block size (set from the KV cache spec in vLLM): any size
+#: works, the slots it maps are read only by attention kernels.
+_BLOCK_SIZE = 16
+#: The draft model's one attention layer, as its attention group names it.
+_DRAFT_LAYER = "drafter.layers.0.attn"
+
+
+def _attention_group() -> Any:
+    """The drafter's one attention group: its metadata, built per draft step
+    by the group's builder in vLLM, is read only by attention kernels (stood
+    in for), so each build answers an opaque metadata object. It answers
+    the two forms releases call: ``get_metadata_builder().build_for_drafting``
+    (up to 0.2x) and ``build_metadata_for_drafting`` (later)."""
+    metadata = standin("AttentionMetadata (the drafter's)")
+
+    def build(common_attn_metadata: Any, draft_index: int = 0) -> Any:
+        return metadata
+
+    return standin(
+        "AttentionGroup",
+        layer_names=[_DRAFT_LAYER],
+        kv_cache_spec=standin("KVCacheSpec", block_size=_BLOCK_SIZE),
+        build_metadata_for_drafting=build,
+        get_metadata_builder=lambda *ubatch: standin(
+            "AttentionMetadataBuilder", build_for_drafting=build
+        ),
+    )
+
+
+class _TreeAttentionMetadata:
+    """Tree attention's metadata type (0.17-0.20 test the drafter's metadata
+    against it): tree drafting is not modelled, so nothing is one."""
 
 
 # -- stand-ins for triton kernels ---------------------------------------------
