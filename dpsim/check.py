@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from random import Random
 from types import FrameType
@@ -79,8 +79,9 @@ class CheckOptions:
     #: bug the original already has neither kills every mutant nor hides the
     #: property from the cases where the original holds it.
     baseline: Target | None = field(default=None, compare=False)
-    #: Target coverage (``--coverage``): each case's run is traced inside
-    #: ``coverage.running(scenario, profile)``; generation is not.
+    #: Target coverage (``--coverage``): each case's run of the target is
+    #: traced inside ``coverage.running(scenario, profile)``; generating and
+    #: judging it are not.
     coverage: Measurement | None = field(default=None, compare=False)
 
 
@@ -229,12 +230,21 @@ def evaluate(
     case: Case,
     properties: tuple[Property, ...],
     baseline: Target | None = None,
+    traced: AbstractContextManager[None] | None = None,
 ) -> tuple[SimResult, list[Verdict]]:
     """Run one case and judge it, less the verdicts ``baseline`` shares on it.
 
+    ``traced`` (target coverage) is entered around the target's run only:
+    judging and the baseline's run are dpsim's own code, and tracing them
+    would only cost.
+
     Raises PolicyRefused when vLLM refuses the policy.
     """
-    result = run_case(target, case)
+    if traced is None:
+        result = run_case(target, case)
+    else:
+        with traced:
+            result = run_case(target, case)
     verdicts = judge(case, result, properties)
     if verdicts and baseline is not None:
         shared = judge(case, run_case(baseline, case), properties)
@@ -313,13 +323,15 @@ def _check_scenario(
             progress(scenario, examples, options.examples)
         judged = time.perf_counter()
         try:
-            if options.coverage is None:
-                result, verdicts = evaluate(target, case, properties, options.baseline)
-            else:
-                with options.coverage.running(scenario, options.profile):
-                    result, verdicts = evaluate(
-                        target, case, properties, options.baseline
-                    )
+            result, verdicts = evaluate(
+                target,
+                case,
+                properties,
+                options.baseline,
+                None
+                if options.coverage is None
+                else options.coverage.running(scenario, options.profile),
+            )
         except PolicyRefused:
             reject()
         finally:

@@ -296,7 +296,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         return
     options = suite_options()
     title = options.vllm or options.target or "the default release"
-    text = coverage_suite.summary(_coverage_results, options.out, title)
-    if text is not None:
+    covered = coverage_suite.summary(_coverage_results, options.out, title)
+    if covered is not None:
         terminalreporter.write_sep("=", "dpsim target coverage")
-        terminalreporter.write_line(text)
+        terminalreporter.write_line(covered[0])

@@ -81,3 +81,24 @@ def test_the_plugin_prints_and_writes_the_suites_coverage(tmp_path: Path) -> Non
     assert data["files"][0]["lines_executed"] > 0
     assert [item["scenario"] for item in data["contexts"]] == ["profile"]
     assert (out / "coverage" / "index.html").is_file()
+
+
+@pytest.mark.release
+def test_fuzz_workers_send_their_coverage_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpsim.cli import main
+
+    code = main(
+        [
+            *("fuzz", "--vllm", "0.33.0", "--workers", "1", "--for", "3s"),
+            *("--scenario", "profile", "--db", str(tmp_path / "db")),
+            *("--out", str(tmp_path / "out"), "--coverage", "--json"),
+        ]
+    )
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    dp_utils = data["coverage"]["files"][0]
+    assert dp_utils["file"] == "v1/worker/gpu/dp_utils.py"
+    assert dp_utils["lines_executed"] > 0
+    assert data["coverage"]["html"] == str(tmp_path / "out" / "coverage" / "index.html")

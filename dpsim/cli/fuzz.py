@@ -21,6 +21,7 @@ from dpsim.cli.check import (
     add_case_arguments,
     add_target_arguments,
 )
+from dpsim.coverage import cli as coverage_cli
 from dpsim.database import LOCAL_DIRECTORY
 from dpsim.fuzz import CampaignOptions, Tally, parse_duration, run_campaign
 from dpsim.fuzz.campaign import DEFAULT_BATCH, DEFAULT_GRACE
@@ -94,6 +95,7 @@ def register(commands: Any) -> None:
         help=f"examples per round before a worker moves on (default {DEFAULT_BATCH})",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    coverage_cli.add_argument(parser)
     add_lane_argument(parser)
     parser.set_defaults(run=run)
 
@@ -118,6 +120,7 @@ def run(arguments: argparse.Namespace) -> int:
         duration=parse_duration(arguments.duration) if arguments.duration else None,
         batch=max(1, arguments.batch),
         grace=DEFAULT_GRACE,
+        coverage=arguments.coverage,
     )
     status = StatusLine()
     try:
@@ -128,10 +131,20 @@ def run(arguments: argparse.Namespace) -> int:
         )
     finally:
         status.close()
+    covered = None
+    if tally.coverage:
+        from dpsim.coverage import suite as coverage_suite
+
+        covered = coverage_suite.summary(tally.coverage, arguments.out, tally.target)
     if arguments.json:
-        print(json.dumps(summary(tally), sort_keys=True))
+        data = summary(tally)
+        if covered is not None:
+            data["coverage"] = covered[1]
+        print(json.dumps(data, sort_keys=True))
     else:
         print(render(tally))
+        if covered is not None:
+            print(covered[0])
     if tally.stopping == "interrupted":
         return EXIT_INTERRUPTED
     return 1 if tally.failures or tally.errors else 0

@@ -62,9 +62,12 @@ def enabled(flag: bool) -> bool:
     return flag or os.environ.get(ENV, "") not in ("", "0")
 
 
-def summary(results: list[dict[str, Any]], out: Any, title: str) -> str | None:
+def summary(
+    results: list[dict[str, Any]], out: Any, title: str
+) -> tuple[str, dict[str, Any]] | None:
     """The children's results merged, written as HTML and ``coverage.json``
-    under ``out/coverage/``; the text to print (None when none came)."""
+    under ``out/coverage/``; the text to print and the JSON object (None when
+    none came)."""
     import json
     from pathlib import Path
 
@@ -77,4 +80,4 @@ def summary(results: list[dict[str, Any]], out: Any, title: str) -> str | None:
     (html_directory(Path(out)) / "coverage.json").write_text(
         json.dumps(data, sort_keys=True), encoding="utf-8"
     )
-    return text
+    return text, data

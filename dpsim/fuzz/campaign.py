@@ -47,6 +47,8 @@ class CampaignOptions:
     duration: float | None = None
     batch: int = DEFAULT_BATCH
     grace: float = DEFAULT_GRACE
+    #: Measure target coverage in every worker (``--coverage``).
+    coverage: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class Tally:
     stopping: str | None = None
     #: The properties each scenario's cases are judged by (the lane's).
     properties: int = len(PROPERTY_NAMES)
+    #: Each worker's target coverage (``to_json`` objects), with --coverage.
+    coverage: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -126,7 +130,12 @@ def run_campaign(
     stop = processes.SPAWN.Event()
     plans = [
         worker.WorkerPlan(
-            index, options.suite, options.database, scenarios, options.batch
+            index,
+            options.suite,
+            options.database,
+            scenarios,
+            options.batch,
+            coverage=options.coverage,
         )
         for index in range(options.workers)
     ]
@@ -275,6 +284,8 @@ def _handle(message: tuple[Any, ...], tally: Tally, announce: Announce) -> None:
         if (scenario, failure.path) not in known:
             tally.failures.append(failure)
             announce(f"found: {text} [{scenario}] -> {path or 'no file written'}")
+    elif kind == worker.COVERAGE:
+        tally.coverage.append(message[2])
     elif kind == worker.ERROR:
         scenario, text = message[2], message[3]
         where = f"worker {index}" + (f", {scenario}" if scenario else "")

@@ -21,6 +21,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
+from dpsim.coverage import suite as coverage_suite
 from dpsim.database import open_database
 from dpsim.lanes.runner.suite import runner_lane_test
 from dpsim.properties import Verdict
@@ -28,12 +29,13 @@ from dpsim.suite.build import PropertyFailed, scenario_test
 from dpsim.suite.config import SuiteConfig, SuiteOptions, resolve
 
 #: Messages a worker sends, as tuples whose first item is one of these.
-STARTED, EXAMPLES, FAILURE, ERROR, DONE = (
+STARTED, EXAMPLES, FAILURE, ERROR, DONE, COVERAGE = (
     "started",
     "examples",
     "failure",
     "error",
     "done",
+    "coverage",
 )
 
 
@@ -44,6 +46,8 @@ class WorkerPlan:
     database: str
     scenarios: tuple[str, ...]
     batch: int
+    #: Measure target coverage (``fuzz --coverage``); sent once, at the end.
+    coverage: bool = False
 
 
 class _Stop(BaseException):
@@ -68,6 +72,22 @@ def _fuzz(plan: WorkerPlan, queue: Queue[Any], stop: Event) -> None:
     suite = resolve(plan.suite)
     database = open_database(plan.database)
     queue.put((STARTED, plan.index, os.getpid()))
+    if not (plan.coverage and suite.lane == "sync"):
+        _rounds(plan, suite, database, queue, stop)
+        return
+    with coverage_suite.measuring(suite.target) as measurement:
+        _rounds(plan, suite, database, queue, stop)
+    version = suite.target.version
+    queue.put((COVERAGE, plan.index, measurement.result(version).to_json()))
+
+
+def _rounds(
+    plan: WorkerPlan,
+    suite: SuiteConfig,
+    database: ExampleDatabase | None,
+    queue: Queue[Any],
+    stop: Event,
+) -> None:
     live = list(plan.scenarios)
     # Workers start on different scenarios so that all are covered early.
     turn = plan.index
