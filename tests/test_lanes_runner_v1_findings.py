@@ -1,0 +1,233 @@
+"""The V1 runner lane against vLLM's history: planted caller bugs and findings.
+
+Each planted bug re-introduces, by a textual edit of a cached release's own
+file in a temporary tree (never vLLM text in this repository: the edits are a
+few words each), a class of DP hang vLLM shipped in the V1 runner
+(``../shared/UPSTREAM_BUGS.md``): a dummy run on its local count (vLLM 25906),
+an EAGLE ``dummy_run`` issuing one forward where ``propose`` issues k (26086),
+a rank skipping its drafter near ``max_model_len`` (40589), a FULL dummy run
+turning the drafter's graphs off (30119), the 0-token early return's dummy run
+taken on the wrong backend (28774). :data:`PLANTS` says, per plant, which file
+and which releases' text it edits; a test checks every edit still lands on
+exactly one place, so a plant cannot silently stop planting anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dpsim.lanes.runner.check import (
+    DEFAULT_RUNNER_EXAMPLES,
+    RunnerCheckOptions,
+    RunnerCheckReport,
+    run_runner_check,
+)
+from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.targets import load_target
+from dpsim.targets.spec import TargetSpec, TreeSpec
+
+RUNNER = "vllm/v1/worker/gpu_model_runner.py"
+EAGLE = "vllm/v1/spec_decode/eagle.py"
+BASE_PROPOSER = "vllm/v1/spec_decode/llm_base_proposer.py"
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace ``old`` (found exactly once) by ``new`` in ``path`` (relative to
+    the directory holding ``vllm/``)."""
+
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Plant:
+    """A bug class re-introduced in releases ``oldest``..``newest``."""
+
+    name: str
+    upstream: str
+    oldest: str
+    newest: str
+    edits: tuple[Edit, ...]
+
+    def applies_to(self, version: str) -> bool:
+        return _key(self.oldest) <= _key(version) <= _key(self.newest)
+
+
+PLANTS: dict[str, Plant] = {
+    plant.name: plant
+    for plant in (
+        Plant(
+            "dummy-local-count",
+            "vllm#25906",
+            "0.12.0",
+            "0.33.0",
+            (
+                Edit(
+                    RUNNER,
+                    "        num_tokens_padded = batch_desc.num_tokens\n"
+                    "        num_reqs_padded = (\n",
+                    "        num_tokens_padded = num_tokens_unpadded\n"
+                    "        num_reqs_padded = (\n",
+                ),
+            ),
+        ),
+        Plant(
+            "eagle-dummy-one-forward",
+            "vllm#26086",
+            "0.20.0",
+            "0.33.0",
+            (
+                Edit(
+                    BASE_PROPOSER,
+                    "1 if only_one_forward_pass else self.num_speculative_tokens",
+                    "1",
+                ),
+            ),
+        ),
+        Plant(
+            "skip-drafter-near-max",
+            "vllm#40589",
+            "0.25.0",
+            "0.33.0",
+            (
+                Edit(
+                    RUNNER,
+                    "                        # Prevent hang when DP ranks disagree on "
+                    "input_fits_in_drafter\n"
+                    "                        self.drafter.dummy_run(num_tokens=1)\n",
+                    "                        pass\n",
+                ),
+            ),
+        ),
+        Plant(
+            "launcher-gate",
+            "vllm#28774",
+            "0.14.0",
+            "0.33.0",
+            (
+                Edit(
+                    RUNNER,
+                    '== "external_launcher"\n'
+                    "                    and self.parallel_config.data_parallel_size > 1\n",
+                    '!= "external_launcher"\n'
+                    "                    and self.parallel_config.data_parallel_size > 1\n",
+                ),
+            ),
+        ),
+        Plant(
+            "full-dummy-drafter-eager",
+            "vllm#30119",
+            "0.13.0",
+            "0.33.0",
+            (
+                Edit(
+                    RUNNER,
+                    "and cudagraph_runtime_mode != CUDAGraphMode.NONE\n",
+                    "and cudagraph_runtime_mode == CUDAGraphMode.PIECEWISE\n",
+                ),
+            ),
+        ),
+    )
+}
+
+
+def _sources(version: str) -> RunnerSources:
+    return RunnerSources.for_release(version, "v1")
+
+
+def planted_tree(version: str, plant: Plant, tmp_path: Path) -> Path:
+    """A copy of the cached release's package with ``plant``'s edits made:
+    the ``vllm`` directory to pass as ``--vllm``."""
+    assert plant.applies_to(version), f"{plant.name} does not apply to {version}"
+    tree = tmp_path / "vllm"
+    shutil.copytree(_sources(version).package_dir, tree)
+    for edit in plant.edits:
+        path = tmp_path / edit.path
+        text = path.read_text()
+        found = text.count(edit.old)
+        assert found == 1, f"{plant.name}: {edit.old!r} is {found} times in {version}"
+        path.write_text(text.replace(edit.old, edit.new))
+    return tree
+
+
+def planted_sources(version: str, plant: Plant, tmp_path: Path) -> RunnerSources:
+    return RunnerSources.for_spec(
+        TargetSpec(TreeSpec(planted_tree(version, plant, tmp_path)), runner="v1")
+    )
+
+
+#: Releases the plants' texts are checked against (the lane's oldest, the
+#: first with 40589's fix, the first with the V2 runner's reuse, the newest).
+CHECKED = ("0.21.0", "0.25.0", "0.29.0", "0.33.0")
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(
+    ("name", "version"),
+    [
+        (name, version)
+        for name, plant in sorted(PLANTS.items())
+        for version in CHECKED
+        if plant.applies_to(version)
+    ],
+)
+def test_every_plant_edits_one_place_in_the_releases_it_names(
+    name: str, version: str, tmp_path: Path
+) -> None:
+    plant = PLANTS[name]
+    tree = planted_tree(version, plant, tmp_path)
+    original = _sources(version).package_dir
+    changed = [
+        edit.path
+        for edit in plant.edits
+        if (tree.parent / edit.path).read_text()
+        != (original.parent / edit.path).read_text()
+    ]
+    assert changed == [edit.path for edit in plant.edits]
+
+
+def _check(
+    tree: Path, examples: int, seed: int, speculators: tuple[str | None, ...] = ()
+) -> RunnerCheckReport:
+    """``dpsim check --lane runner --runner v1 --vllm TREE --seed SEED
+    --examples EXAMPLES``, unshrunk (the first failing case is what counts)."""
+    options = RunnerCheckOptions(
+        runner="v1",
+        seed=seed,
+        examples=examples,
+        speculators=speculators,
+        shrink=False,
+    )
+    return run_runner_check(load_target(str(tree), runner="v1"), options)
+
+
+#: (plant, release, seed, property found, examples it takes there): each
+#: found by the default search (seed, budget 100) at the case counted.
+FOUND_PLAIN = (
+    ("dummy-local-count", "0.21.0", 0, "no-error", 5),
+    ("dummy-local-count", "0.33.0", 0, "no-error", 5),
+    ("launcher-gate", "0.21.0", 0, "no-hang", 5),
+    ("launcher-gate", "0.33.0", 0, "no-hang", 5),
+)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("name", "version", "seed", "found", "cases"), FOUND_PLAIN)
+def test_a_planted_caller_bug_without_a_drafter_is_found_within_the_budget(
+    name: str, version: str, seed: int, found: str, cases: int, tmp_path: Path
+) -> None:
+    tree = planted_tree(version, PLANTS[name], tmp_path)
+    report = _check(tree, examples=cases, seed=seed, speculators=(None,))
+    assert report.finding is not None, f"{name} not found in {cases} cases"
+    assert report.finding.primary.property == found
+    assert report.examples <= DEFAULT_RUNNER_EXAMPLES
