@@ -423,7 +423,7 @@ def test_ctrl_c_while_the_commands_load_is_one_line_not_a_traceback(
 ) -> None:
     import dpsim.cli
 
-    def interrupted() -> None:
+    def interrupted(command: str | None = None) -> None:
         raise KeyboardInterrupt  # as if Ctrl-C came while torch imports
 
     monkeypatch.setattr(dpsim.cli, "build_parser", interrupted)

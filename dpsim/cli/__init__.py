@@ -44,7 +44,13 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``dpsim`` parser; with ``command``, only that sub-command's.
+
+    Registering a command imports its module and what that imports (torch,
+    Hypothesis, the lanes): a run of one command builds only its own parser,
+    so it does not pay for the others' imports before its first case.
+    """
     parser = _Parser(
         prog="dpsim",
         description=DESCRIPTION,
@@ -53,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", metavar="COMMAND", parser_class=_Parser
     )
-    for module in command_modules():
+    for module in command_modules(command):
         module.register(commands)
     return parser
 
@@ -72,14 +78,19 @@ def add_command(
     return parser
 
 
-def command_modules() -> list[ModuleType]:
-    """Every module of this package that defines a sub-command, by name.
+def command_modules(command: str | None = None) -> list[ModuleType]:
+    """Every module of this package that defines a sub-command, by name (only
+    ``command``'s, when a module has that name).
 
-    Adding a command is adding a module with a ``register(commands)``.
+    Adding a command is adding a module with a ``register(commands)`` that
+    registers the command of the module's own name.
     """
+    names = sorted(info.name for info in pkgutil.iter_modules(__path__))
+    if command in names:
+        names = [command]
     found = []
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name):
-        module = importlib.import_module(f"{__name__}.{info.name}")
+    for name in names:
+        module = importlib.import_module(f"{__name__}.{name}")
         if callable(getattr(module, "register", None)):
             found.append(module)
     return found
@@ -89,8 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Inside: building the parser imports every command (torch among
         # them), seconds in which a Ctrl-C must not print a traceback.
-        parser = build_parser()
-        arguments = parser.parse_args(argv)
+        arguments_given = sys.argv[1:] if argv is None else list(argv)
+        parser = build_parser(_command_word(arguments_given))
+        arguments = parser.parse_args(arguments_given)
         if arguments.command is None:
             parser.print_help()
             return EXIT_USAGE
@@ -106,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+
+
+def _command_word(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names, if its first word is one (``dpsim
+    --help`` and mistakes get the full parser, which lists every command)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
 
 
 def run() -> None:
