@@ -8,7 +8,6 @@ between them, as the V1 model runner calls them.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import shutil
@@ -16,6 +15,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -279,27 +279,11 @@ def _kit(sources: RunnerSources, rank: int, dp_size: int) -> Any:
 
 def _metadata(sources: RunnerSources, num_reqs: int, per_request: int) -> Any:
     """The release's CommonAttentionMetadata of a uniform decode batch."""
-    made = proposer.common_attn_metadata_class(sources, sources.target)
-    tokens = num_reqs * per_request
-    starts = torch.arange(num_reqs + 1, dtype=torch.int32) * per_request
-    lengths = torch.full((num_reqs,), 20, dtype=torch.int32)
-    values = {
-        "query_start_loc": starts,
-        "query_start_loc_cpu": starts.clone(),
-        "seq_lens": lengths,
-        "seq_lens_cpu_upper_bound": lengths.clone(),
-        # Before 0.21 the metadata carried host copies instead of a bound.
-        "seq_lens_cpu": lengths.clone(),
-        "num_computed_tokens_cpu": lengths - per_request,
-        "num_reqs": num_reqs,
-        "num_actual_tokens": tokens,
-        "max_query_len": per_request,
-        "max_seq_len": 20,
-        "block_table_tensor": torch.zeros(num_reqs, 4, dtype=torch.int32),
-        "slot_mapping": torch.zeros(tokens, dtype=torch.int64),
-    }
-    names = {field.name for field in dataclasses.fields(made)}
-    return made(**{name: value for name, value in values.items() if name in names})
+    return proposer.common_attn_metadata(
+        sources,
+        np.full(num_reqs, per_request, dtype=np.int32),
+        np.full(num_reqs, 20, dtype=np.int32),
+    )
 
 
 def _run(

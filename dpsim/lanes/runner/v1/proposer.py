@@ -58,6 +58,7 @@ DeepSeek's (``DeepSeekMTPModel``, the DP+EP MTP deployment).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import sys
@@ -298,6 +299,45 @@ def v1_proposer_class(sources: RunnerSources, target: Any) -> type:
 def common_attn_metadata_class(sources: RunnerSources, target: Any) -> type:
     """The release's real ``CommonAttentionMetadata`` dataclass."""
     return proposer_classes(sources, target).common_attn_metadata
+
+
+def common_attn_metadata(
+    sources: RunnerSources,
+    num_scheduled_tokens: np.ndarray,
+    seq_lens: np.ndarray,
+    *,
+    num_tokens: int | None = None,
+) -> Any:
+    """The release's ``CommonAttentionMetadata`` of a batch, holding what the
+    drafter's paths read (query starts, sequence lengths and their host
+    copies, counts, an all-zero block table and slot mapping: KV slots are
+    read only by attention kernels). ``num_tokens`` is the padded token
+    count the slot mapping covers (the batch's own by default). Fields the
+    release's class lacks are left out; those it requires beyond these are
+    its own ``TypeError``."""
+    made = common_attn_metadata_class(sources, sources.target)
+    counts = torch.as_tensor(np.asarray(num_scheduled_tokens), dtype=torch.int32)
+    lengths = torch.as_tensor(np.asarray(seq_lens), dtype=torch.int32)
+    num_reqs = int(counts.shape[0])
+    starts = torch.zeros(num_reqs + 1, dtype=torch.int32)
+    torch.cumsum(counts, dim=0, out=starts[1:])
+    total = int(starts[-1])
+    values = {
+        "query_start_loc": starts,
+        "query_start_loc_cpu": starts.clone(),
+        "seq_lens": lengths.clone(),
+        "seq_lens_cpu_upper_bound": lengths.clone(),
+        "seq_lens_cpu": lengths.clone(),
+        "num_computed_tokens_cpu": lengths - counts,
+        "num_reqs": num_reqs,
+        "num_actual_tokens": total,
+        "max_query_len": int(counts.max()) if num_reqs else 0,
+        "max_seq_len": int(lengths.max()) if num_reqs else 0,
+        "block_table_tensor": torch.zeros(num_reqs, 1, dtype=torch.int32),
+        "slot_mapping": torch.zeros(max(total, num_tokens or 0), dtype=torch.int64),
+    }
+    names = {field.name for field in dataclasses.fields(made)}
+    return made(**{name: value for name, value in values.items() if name in names})
 
 
 def real_classes(sources: RunnerSources, target: Any) -> tuple[type, ...]:
