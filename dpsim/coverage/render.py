@@ -12,6 +12,8 @@ HEADING = (
     "target coverage (lines and branches of the target's own code this run "
     "executed; not the `coverage` property)"
 )
+#: Functions named in a file's heading; more are counted (the HTML names all).
+_NAMED = 3
 
 
 def arc_text(arc: Arc) -> str:
@@ -19,8 +21,25 @@ def arc_text(arc: Arc) -> str:
     return f"{start}->{'exit' if end == EXIT else end}"
 
 
-def _short(file: FileCoverage) -> str:
-    return PurePosixPath(file.display).name
+def short_names(files: Iterable[FileCoverage]) -> dict[str, str]:
+    """Each file's name in listings: the file name, or its path below
+    ``vllm/`` where two measured files share a name (the runner lane's
+    speculators)."""
+    displays = [file.display for file in files]
+    names = [PurePosixPath(display).name for display in displays]
+    return {
+        display: display if names.count(name) > 1 else name
+        for display, name in zip(displays, names, strict=True)
+    }
+
+
+def _functions(file: FileCoverage) -> str:
+    names = file.scope.functions
+    if names is None:
+        return ""
+    if len(names) > _NAMED:
+        return f" [{', '.join(names[:_NAMED])} and {len(names) - _NAMED} more]"
+    return f" [{', '.join(names)}]"
 
 
 def _counts(file: FileCoverage) -> str:
@@ -36,33 +55,31 @@ def _counts(file: FileCoverage) -> str:
     )
 
 
-def _listed(file: FileCoverage, items: Iterable[str]) -> str:
-    short = _short(file)
-    return ", ".join(f"{short}:{item}" for item in items)
-
-
 def render_text(result: CoverageResult, html_index: str | None = None) -> str:
     """The report's section: each file's totals and what never ran, then each
     (scenario, profile)'s totals."""
+    short = short_names(result.files)
     lines = [HEADING + ":"]
     for file in result.files:
-        functions = ""
-        if file.scope.functions is not None:
-            functions = f" [{', '.join(file.scope.functions)}]"
-        lines.append(f"  {file.display}{functions}: {_counts(file)}")
+        name = short[file.display]
+
+        def listed(items: Iterable[str], name: str = name) -> str:
+            return ", ".join(f"{name}:{item}" for item in items)
+
+        lines.append(f"  {file.display}{_functions(file)}: {_counts(file)}")
         if file.missing_lines:
             lines.append(
-                f"    lines never run: {_listed(file, map(str, sorted(file.missing_lines)))}"
+                f"    lines never run: {listed(map(str, sorted(file.missing_lines)))}"
             )
         if file.missing_branches:
             lines.append(
                 "    branches never taken: "
-                + _listed(file, map(arc_text, sorted(file.missing_branches)))
+                + listed(map(arc_text, sorted(file.missing_branches)))
             )
         for line, reason in sorted(file.unreachable_lines.items()):
-            lines.append(f"    unreachable {_short(file)}:{line}: {reason}")
+            lines.append(f"    unreachable {name}:{line}: {reason}")
         for arc, reason in sorted(file.unreachable_branches.items()):
-            lines.append(f"    unreachable {_short(file)}:{arc_text(arc)}: {reason}")
+            lines.append(f"    unreachable {name}:{arc_text(arc)}: {reason}")
         for mark in file.marked.reached:
             lines.append(f"    marked unreachable but reached: {mark.shown}")
         for mark in file.marked.stale:
@@ -72,7 +89,7 @@ def render_text(result: CoverageResult, html_index: str | None = None) -> str:
         width = max(len(scenario) for scenario, _ in result.context_keys)
         for scenario, profile in result.context_keys:
             parts = [
-                f"{_short(file)} {_counts(file)}"
+                f"{short[file.display]} {_counts(file)}"
                 for file in result.context(scenario, profile)
             ]
             lines.append(f"    {scenario:<{width}} {profile}: " + "; ".join(parts))

@@ -57,3 +57,21 @@ def scopes_for(target: Any) -> tuple[Scope, ...]:
             )
         )
     return tuple(scopes)
+
+
+def runner_lane_scopes(target: Any) -> tuple[Scope, ...]:
+    """The runner lane's: every method it rebuilds from the release's files
+    and runs for real (engine loop, worker, model runner, speculators, as
+    ``dpsim targets --lane runner`` lists them), and the sync lane's scopes
+    (the lane runs the release's own sync functions too)."""
+    from dpsim.lanes.runner.report import lane_origins
+
+    scopes = [
+        Scope(
+            str(origin.path),
+            display_name(Path(origin.path)),
+            tuple(f"{origin.class_name}.{method}" for method in origin.methods),
+        )
+        for origin in lane_origins(target)
+    ]
+    return (*scopes, *scopes_for(target))

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
 from random import Random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis import strategies as st
@@ -41,6 +42,9 @@ from .generate import engine_options, workloads
 from .run import RunnerResult, run_runner_case
 from .stream import EngineOptions
 
+if TYPE_CHECKING:
+    from dpsim.coverage import Measurement
+
 #: Cases per check by default: a few seconds at the lane's cost per case.
 DEFAULT_RUNNER_EXAMPLES = 100
 #: DP sizes drawn by default (the lane runs whole engines: small is plenty).
@@ -48,6 +52,8 @@ DEFAULT_RUNNER_RANKS = (2, 4)
 
 #: Called as ``progress(examples_run, examples_planned)``.
 Progress = Callable[[int, int], None]
+#: The scenario name target coverage counts the lane's cases under.
+COVERAGE_CONTEXT = "runner-lane"
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class RunnerCheckOptions:
     #: The model runner the cases drive (``v2`` or ``v1``); the target must
     #: be loaded for the same one.
     runner: str = "v2"
+    #: Target coverage (``--coverage``): each case's run is traced.
+    coverage: Measurement | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -183,10 +191,15 @@ def _policies_for(draw: Any, options: EngineOptions) -> CapturePolicy:
 
 
 def evaluate(
-    target: Target, case: RunnerCase, properties: tuple[Property, ...]
+    target: Target,
+    case: RunnerCase,
+    properties: tuple[Property, ...],
+    traced: AbstractContextManager[None] | None = None,
 ) -> tuple[RunnerResult, list[Verdict]]:
-    """Run one runner case and judge it (TargetError when the lane cannot)."""
-    run = run_runner_case(target, case)
+    """Run one runner case and judge it (TargetError when the lane cannot);
+    ``traced`` (target coverage) is entered around the run only."""
+    with traced if traced is not None else nullcontext():
+        run = run_runner_case(target, case)
     return run, judge(case, run.result, properties)
 
 
@@ -210,7 +223,14 @@ def run_runner_check(
         examples += 1
         if progress is not None:
             progress(examples, options.examples)
-        _, verdicts = evaluate(target, case, properties)
+        _, verdicts = evaluate(
+            target,
+            case,
+            properties,
+            None
+            if options.coverage is None
+            else options.coverage.running(COVERAGE_CONTEXT, "caller"),
+        )
         if not verdicts:
             return False
         if not chased:

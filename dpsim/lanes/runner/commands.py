@@ -132,6 +132,13 @@ def check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
     """``dpsim check --lane runner``, in the child process ``run_isolated`` forks."""
     options = check_options(arguments)
     target = load_spec(spec)
+    measurement = None
+    if getattr(arguments, "coverage", False):
+        from dpsim.coverage import measure
+        from dpsim.coverage.targets import runner_lane_scopes
+
+        measurement = measure(runner_lane_scopes(target))
+        options = replace(options, coverage=measurement)
     line = None if arguments.json else StatusLine()
 
     def progress(done: int, planned: int) -> None:
@@ -146,10 +153,22 @@ def check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
     written = None
     if report.finding is not None:
         written = save(target, report, Path(arguments.out))
+    covered = None
+    if measurement is not None:
+        from dpsim.coverage.cli import finish
+
+        covered = finish(
+            measurement.result(target.version), Path(arguments.out), target.label
+        )
     if arguments.json:
-        print(json.dumps(summary(report, written), sort_keys=True))
+        data = summary(report, written)
+        if covered is not None:
+            data["coverage"] = covered[1]
+        print(json.dumps(data, sort_keys=True))
     else:
         print(render_report(report, written))
+        if covered is not None:
+            print(covered[0])
     return 0 if report.passed else 1
 
 
