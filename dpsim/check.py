@@ -116,6 +116,8 @@ class ScenarioRun:
     shrinking: int = 0
     #: Ctrl-C stopped this scenario's search before it ended.
     interrupted: bool = False
+    #: Of ``judging_seconds``, those spent simulating (the rest is judging).
+    simulating_seconds: float = 0.0
 
     @property
     def generated(self) -> int:
@@ -225,12 +227,20 @@ def _catching_interrupts() -> Iterator[_Interrupts]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@dataclass
+class Stopwatch:
+    """Seconds a search spent simulating its cases (``dpsim bench`` splits them)."""
+
+    simulating: float = 0.0
+
+
 def evaluate(
     target: Target,
     case: Case,
     properties: tuple[Property, ...],
     baseline: Target | None = None,
     traced: AbstractContextManager[None] | None = None,
+    stopwatch: Stopwatch | None = None,
 ) -> tuple[SimResult, list[Verdict]]:
     """Run one case and judge it, less the verdicts ``baseline`` shares on it.
 
@@ -240,11 +250,16 @@ def evaluate(
 
     Raises PolicyRefused when vLLM refuses the policy.
     """
-    if traced is None:
-        result = run_case(target, case)
-    else:
-        with traced:
+    started = time.perf_counter()
+    try:
+        if traced is None:
             result = run_case(target, case)
+        else:
+            with traced:
+                result = run_case(target, case)
+    finally:
+        if stopwatch is not None:
+            stopwatch.simulating += time.perf_counter() - started
     verdicts = judge(case, result, properties)
     if verdicts and baseline is not None:
         shared = judge(case, run_case(baseline, case), properties)
@@ -311,6 +326,7 @@ def _check_scenario(
     started = time.perf_counter()
     first_failure: list[float] = []
     judging = 0.0
+    stopwatch = Stopwatch()
     generated = 0
     #: The latest case that failed the chased property: the shrink's best so far.
     latest: list[Finding] = []
@@ -331,6 +347,7 @@ def _check_scenario(
                 None
                 if options.coverage is None
                 else options.coverage.running(scenario, options.profile),
+                stopwatch,
             )
         except PolicyRefused:
             reject()
@@ -370,6 +387,7 @@ def _check_scenario(
             judging,
             examples - generated if chased else 0,
             interrupted=True,
+            simulating_seconds=stopwatch.simulating,
         )
 
     try:
@@ -387,7 +405,13 @@ def _check_scenario(
             )
     except (NoSuchExample, Unsatisfiable):
         return ScenarioRun(
-            scenario, examples, time.perf_counter() - started, None, None, judging
+            scenario,
+            examples,
+            time.perf_counter() - started,
+            None,
+            None,
+            judging,
+            simulating_seconds=stopwatch.simulating,
         )
     except KeyboardInterrupt:
         raise _Interrupted(so_far()) from None
@@ -404,6 +428,7 @@ def _check_scenario(
         first_failure[0],
         judging,
         examples - generated,
+        simulating_seconds=stopwatch.simulating,
     )
 
 
