@@ -27,6 +27,7 @@ from dpsim.lanes.runner.strict import ModelGap, collect_gaps
 from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT, Phases
 from dpsim.lanes.runner.v1 import proposer
 from dpsim.lanes.runner.v1.proposer import build_v1_proposer
+from dpsim.lanes.runner.v1.syncs import V1SyncRecorder
 from dpsim.records.groups import EP_GROUP
 from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import SYNC_EVENT, SyncRecord
@@ -263,17 +264,15 @@ def _policy(decode_query_len: int) -> CapturePolicy:
 
 def _kit(sources: RunnerSources, rank: int, dp_size: int) -> Any:
     """A rank kit as the V1 model runner's gives the drafter: the rank's own
-    parallel config, forward contexts, the release's real sync and a phase
-    counter, the sync lane's V1 API."""
+    parallel config, forward contexts and sync recorder (the release's real
+    sync, a phase counter, the sync lane's V1 API)."""
     target = sources.target
     return types.SimpleNamespace(
         parallel_config=target.parallel_config(dp_size, rank, None),
         forward_contexts=ForwardContexts(),
-        recorder=types.SimpleNamespace(
-            coordinate=target.dp_utils.coordinate_batch_across_dp,
-            phase_of=Phases(),
+        recorder=V1SyncRecorder(
+            target.api, target.dp_utils.coordinate_batch_across_dp, Phases()
         ),
-        kit=types.SimpleNamespace(api=target.api),
     )
 
 

@@ -66,6 +66,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
 
 import numpy as np
@@ -85,16 +86,9 @@ from dpsim.lanes.runner.speculators import (
 )
 from dpsim.lanes.runner.stream import EngineOptions
 from dpsim.lanes.runner.strict import asked_at, gap, instance, standin
-from dpsim.lanes.runner.syncs import (
-    DRAFTER,
-    _record,
-    _solo,
-    _under_dummy_run,
-    record_drafter_forward,
-)
+from dpsim.lanes.runner.syncs import _under_dummy_run, record_drafter_forward
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CapturePolicy
-from dpsim.records.sync import SyncRecord
 from dpsim.targets.shim import parse_source
 from dpsim.targets.v1.api import V1Result
 from dpsim.targets.v1.dispatcher import build_dispatcher
@@ -167,13 +161,14 @@ class _Recorder(Protocol):
 
     def coordinate(self, *args: Any, **kwargs: Any) -> Any: ...
 
-    @property
-    def phase_of(self) -> Callable[[str], str]: ...
-
-
-class _ReleaseKit(Protocol):
-    @property
-    def api(self) -> Any: ...  # the sync lane's V1API of the release
+    def record(
+        self,
+        call: Callable[[], Any],
+        inputs: RankBatch,
+        *,
+        caller_frame: FrameType,
+        result_of: Callable[[Any], V1Result],
+    ) -> Any: ...
 
 
 class V1RankKit(Protocol):
@@ -188,9 +183,6 @@ class V1RankKit(Protocol):
 
     @property
     def recorder(self) -> _Recorder: ...
-
-    @property
-    def kit(self) -> _ReleaseKit: ...
 
 
 @dataclass(frozen=True)
@@ -255,7 +247,7 @@ def build_v1_proposer(
         initialize=False,
     )
     parallel_config = runner_kit.parallel_config
-    _RANKS[parallel_config] = _Rank(runner_kit)
+    _RANKS[parallel_config] = runner_kit
     vllm_config = standin(
         "VllmConfig (the drafter's)",
         parallel_config=parallel_config,
@@ -367,21 +359,12 @@ STOOD_IN: dict[str, str] = {
 # -- per-rank routing ---------------------------------------------------------
 
 
-class _Rank:
-    """One rank's drafter state the rebuilt classes' globals reach: its kit,
-    and what its syncs returned per drafter caller call in progress."""
-
-    def __init__(self, kit: V1RankKit) -> None:
-        self.kit = kit
-        self.pending: list[list[Any]] = []
-
-
-#: Each rank's state, by its parallel config (the rebuilt classes, and so
+#: Each rank's kit, by its parallel config (the rebuilt classes, and so
 #: their module globals, serve every rank of a release).
-_RANKS: weakref.WeakKeyDictionary[Any, _Rank] = weakref.WeakKeyDictionary()
+_RANKS: weakref.WeakKeyDictionary[Any, V1RankKit] = weakref.WeakKeyDictionary()
 
 
-def _rank_of(parallel_config: Any, what: str) -> _Rank:
+def _rank_of(parallel_config: Any, what: str) -> V1RankKit:
     try:
         found = _RANKS.get(parallel_config)
     except TypeError:  # not weakly referenceable: not a rank's config
@@ -392,20 +375,17 @@ def _rank_of(parallel_config: Any, what: str) -> _Rank:
 
 
 def _route_sync(*args: Any, **kwargs: Any) -> Any:
-    """The drafter's ``coordinate_batch_across_dp``: the calling rank's
-    (its recorder's, the release's real function), what it returned kept
-    for the drafter caller call in progress."""
+    """The drafter's ``coordinate_batch_across_dp``: the calling rank's (its
+    recorder's: the release's real function, what it returned told to the
+    drafter caller call in progress)."""
     parallel_config = kwargs.get("parallel_config")
     if parallel_config is None:
         raise gap(
             "coordinate_batch_across_dp without parallel_config by keyword at "
             f"{asked_at()}"
         )
-    rank = _rank_of(parallel_config, "coordinate_batch_across_dp")
-    returned = rank.kit.recorder.coordinate(*args, **kwargs)
-    if rank.pending:
-        rank.pending[-1].append(returned)
-    return returned
+    recorder = _rank_of(parallel_config, "coordinate_batch_across_dp").recorder
+    return recorder.coordinate(*args, **kwargs)
 
 
 def _route_forward_context(
@@ -413,7 +393,7 @@ def _route_forward_context(
 ) -> Any:
     """The drafter's ``set_forward_context``: the calling rank's."""
     rank = _rank_of(vllm_config.parallel_config, "set_forward_context")
-    contexts = rank.kit.forward_contexts
+    contexts = rank.forward_contexts
     return contexts.set_forward_context(attn_metadata, vllm_config, *args, **kwargs)
 
 
@@ -443,42 +423,18 @@ def _recording(cls: type, descriptor: type) -> type:
             allow_ubatching=False,
             kind="dummy" if _under_dummy_run(frame) else "batch",
         )
-        phase = rank.kit.recorder.phase_of(DRAFTER)
-        solo = _solo()
-        rank.pending.append([])
-        try:
-            returned = real(self, *args, **kwargs)
-        except Exception as error:
-            _record(
-                SyncRecord(
-                    phase,
-                    inputs,
-                    reused=False,
-                    solo=solo,
-                    error=f"{type(error).__name__}: {error}",
-                )
-            )
-            raise
-        finally:
-            synced = rank.pending.pop()
-        api = rank.kit.kit.api
-        mode, padded = returned[0], int(returned[1])
-        chosen = V1Result(
-            returned=(mode, descriptor(padded), False),
-            num_ubatches=1,
-            decode_query_len=1,
+
+        def result_of(returned: Any) -> V1Result:
+            # What the drafter runs: the mode and padded count it returned.
+            mode, padded = returned[0], int(returned[1])
+            return V1Result((mode, descriptor(padded), False), 1, 1)
+
+        return rank.recorder.record(
+            lambda: real(self, *args, **kwargs),
+            inputs,
+            caller_frame=frame,
+            result_of=result_of,
         )
-        _record(
-            SyncRecord(
-                phase,
-                inputs,
-                reused=False,
-                solo=solo,
-                descriptor=api.describe(chosen),
-                agreement=api.agreement(synced[-1] if synced else None),
-            )
-        )
-        return returned
 
     return type(
         cls.__name__,

@@ -90,17 +90,50 @@ class V1SyncRecorder:
         caller_frame: FrameType,
     ) -> Any:
         """Run ``method`` (a bound caller method: the runner's
-        ``_determine_batch_execution_and_padding`` or a drafter's) with
-        ``arguments`` (every parameter by name) and record the call.
+        ``_determine_batch_execution_and_padding``) with ``arguments`` (every
+        parameter by name) and record the call.
         ``num_ubatches`` is the rank's microbatch count when it microbatches."""
-        phase = self._phase_of(DRAFTER if _is_speculator(caller_frame) else MODEL)
         inputs = _inputs(
             arguments, decode_query_len, dummy=_under_dummy_run(caller_frame)
         )
+
+        def result_of(returned: Any) -> V1Result:
+            should_ubatch = returned[2]
+            ubatch = (
+                bool(should_ubatch)
+                if isinstance(should_ubatch, bool)
+                else should_ubatch is not None
+            )
+            return V1Result(
+                returned=tuple(returned),
+                num_ubatches=num_ubatches if ubatch else 1,
+                decode_query_len=decode_query_len,
+            )
+
+        return self.record(
+            lambda: method(**arguments),
+            inputs,
+            caller_frame=caller_frame,
+            result_of=result_of,
+        )
+
+    def record(
+        self,
+        call: Callable[[], Any],
+        inputs: RankBatch,
+        *,
+        caller_frame: FrameType,
+        result_of: Callable[[Any], V1Result],
+    ) -> Any:
+        """Run ``call`` (one call of a caller of the sync: the runner's, or
+        the drafter's own ``_determine_batch_execution_and_padding``, whose
+        inputs and result its caller maps: ``inputs``, ``result_of``) and
+        record it: a sync inside it goes through :meth:`coordinate`."""
+        phase = self._phase_of(DRAFTER if _is_speculator(caller_frame) else MODEL)
         solo = _solo()
         self._pending.append([])
         try:
-            returned = method(**arguments)
+            returned = call()
         except Exception as error:
             _record(
                 SyncRecord(
@@ -114,24 +147,13 @@ class V1SyncRecorder:
             raise
         finally:
             synced = self._pending.pop()
-        should_ubatch = returned[2]
-        ubatch = (
-            bool(should_ubatch)
-            if isinstance(should_ubatch, bool)
-            else should_ubatch is not None
-        )
-        result = V1Result(
-            returned=tuple(returned),
-            num_ubatches=num_ubatches if ubatch else 1,
-            decode_query_len=decode_query_len,
-        )
         _record(
             SyncRecord(
                 phase,
                 inputs,
                 reused=False,
                 solo=solo,
-                descriptor=self._api.describe(result),
+                descriptor=self._api.describe(result_of(returned)),
                 agreement=self._api.agreement(synced[-1] if synced else None),
             )
         )
