@@ -1,15 +1,17 @@
 """The real V1 EAGLE proposer (EAGLE and MTP) per virtual rank, its forwards stood in for.
 
 vLLM's V1 model runner drafts with ``self.drafter``, an ``EagleProposer``
-(``vllm/v1/spec_decode/eagle.py``; from 0.26 almost all of it is the base
-class ``SpecDecodeBaseProposer`` of ``spec_decode/llm_base_proposer.py``).
+(``vllm/v1/spec_decode/eagle.py``; almost all of it is the base class
+``SpecDecodeBaseProposer``, in ``eagle.py`` for 0.15-0.20 and in
+``spec_decode/llm_base_proposer.py`` from 0.21).
 What it does decides whether DP ranks stay in step: ``propose`` runs the
 first-pass forward and ``k - 1`` loop forwards, ``dummy_run`` (idle ranks,
 profile and capture runs) runs as many forwards as ``propose`` would (vLLM
 26086 was ``dummy_run`` issuing one where ``propose`` issued ``k``), and
 each forward's MoE collectives hang when ranks disagree. Both coordinate
 across DP in the drafter's own ``_determine_batch_execution_and_padding``
-(0.19+), which calls the release's real ``coordinate_batch_across_dp``.
+(0.17+), which calls the release's real ``coordinate_batch_across_dp``;
+0.12-0.16's ``_pad_batch_across_dp`` drafter is refused in one line.
 
 :func:`build_v1_proposer` rebuilds the release's REAL class chain with
 :func:`~dpsim.lanes.runner.extract.real_class` (``EagleProposer`` over the
@@ -32,8 +34,9 @@ recorder, whose ``coordinate`` is the release's real sync, and the forward
 contexts): the rebuilt classes are shared by a release's ranks, so their
 globals route each call by the rank's ``parallel_config`` (each rank has its
 own). Each call of the drafter's ``_determine_batch_execution_and_padding``
-is recorded as one drafter-phase sync (:func:`_recording`), numbered on the
-rank's phase counter after the model runner's sync of the same step.
+is recorded as one drafter-phase sync (:func:`_recording`, through the
+rank's recorder), numbered on the rank's phase counter after the model
+runner's sync of the same step.
 
 Stood in for: the draft model (:class:`~dpsim.lanes.runner.forward.FakeModel`:
 each forward issues the EP collectives at its forward context's shape and
@@ -41,8 +44,8 @@ leaves a drafter-forward event; it returns the tuple ``model_returns_tuple``
 says the real model returns), the triton kernels (what CPU code reads back of
 their results, in CPU torch: :func:`_prepare_inputs_padded`,
 :func:`_prepare_next_token_padded`, :func:`_step_update`), KV slots and the
-attention metadata builders (one attention group whose metadata is opaque: read only by attention kernels),
-``CpuGpuBuffer`` (its numpy side is the tensor). Not modelled, so a gap
+attention metadata builders (one attention group whose metadata is opaque:
+read only by attention kernels), ``CpuGpuBuffer`` (its numpy side is the tensor). Not modelled, so a gap
 (refusal) when reached: parallel drafting and draft models (the
 ``copy_and_expand`` kernels), eagle3/dflash hidden-state combining,
 probabilistic draft sampling, multimodal and M-RoPE drafters, tree drafting,
