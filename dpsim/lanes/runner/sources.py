@@ -126,9 +126,10 @@ V1_RUNNER_LANE_MODULES: tuple[str, ...] = (
 #: The oldest (major, minor) the lane drives: the V2 runner's engine, worker
 #: and speculator layout it is written against starts there.
 OLDEST_RUNNER_LANE = (0, 26)
-#: The oldest (major, minor) the lane drives with the V1 runner: the engine
-#: loop the lane drives (``ParallelConfig.sync_dp_state``) starts there.
-OLDEST_V1_RUNNER_LANE = (0, 21)
+#: The oldest (major, minor) the lane drives with the V1 runner: the V1
+#: runner's caller method, around which the lane runs its steps, starts there
+#: (the engine loop is driven from 0.12 too, :mod:`.engine`).
+OLDEST_V1_RUNNER_LANE = (0, 12)
 #: What the V2 releases the sync lane drives (0.18+) but the runner lane
 #: does not lack, each with the (major, minor) that added it (``{}`` in the
 #: text): a release is refused naming every one it predates. Each is a fact of the releases' own
@@ -149,11 +150,6 @@ _ADDED_IN: tuple[tuple[tuple[int, int], str], ...] = (
         (0, 23),
         "it has no target-dependent autoregressive speculator "
         "(spec_decode/autoregressive, {} added it; only EAGLE's)",
-    ),
-    (
-        (0, 21),
-        "its engine has no ParallelConfig.sync_dp_state ({} added it; the "
-        "engine loop calls has_unfinished_dp)",
     ),
 )
 
@@ -184,11 +180,6 @@ _V1_ADDED_IN: tuple[tuple[tuple[int, int], str], ...] = (
         "its GPUModelRunner has no _determine_batch_execution_and_padding ({} "
         "added it; before, the DP sync sits inside _prepare_inputs), whose "
         "real caller the lane runs",
-    ),
-    (
-        (0, 21),
-        "its engine has no ParallelConfig.sync_dp_state ({} added it; the "
-        "engine loop calls has_unfinished_dp)",
     ),
 )
 

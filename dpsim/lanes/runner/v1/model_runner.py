@@ -42,10 +42,12 @@ models, pipeline parallelism (the pipeline group is the shim's one stage).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +58,7 @@ import numpy as np
 import torch
 
 from dpsim.errors import TargetError, UsageError
-from dpsim.lanes.runner.extract import class_methods, real_class
+from dpsim.lanes.runner.extract import class_methods, class_node, real_class
 from dpsim.lanes.runner.forward import FakeModel, ForwardContexts
 from dpsim.lanes.runner.model_runner import (
     VOCAB_SIZE,
@@ -101,6 +103,8 @@ RUN_FOR_REAL = (
     "maybe_randomize_inputs",
     "_get_draft_token_ids_cpu",
     "_pad_for_sequence_parallelism",
+    # 0.29-0.32: None while routed experts are not captured (off).
+    "get_routed_experts",
 )
 #: What the runner's real methods are given in place of vLLM's, and why.
 STOOD_IN: dict[str, str] = {
@@ -122,7 +126,16 @@ ABSENT: frozenset[str] = frozenset()
 OFF_IN_SOME_RELEASES: dict[str, Any] = {
     "cascade_attn_enabled": False,
     "routed_experts_initialized": False,
+    # 0.29+: XD-RoPE models' position rows; a plain decoder has none.
+    "uses_xdrope_dim": 0,
+    # Up to 0.26: KV-scale calibration (off by default) runs eagerly once.
+    "calculate_kv_scales": False,
+    # Up to 0.18: the async output's copy stream (no CUDA stream here).
+    "async_output_copy_stream": None,
 }
+#: Stood-in methods whose result tuple's length differs across releases,
+#: read off the release's own return annotation (``tuple[...]``).
+VARYING_RESULTS = ("_prepare_inputs", "_bookkeeping_sync")
 #: The distributed executor backend: the engine core's own (not torchrun's
 #: ``external_launcher``, which runs without the DP engine loop).
 EXECUTOR_BACKEND = "mp"
@@ -146,6 +159,11 @@ class V1RunnerKit:
     real_sync: Any
     #: The attributes the release's ``GPUModelRunner`` methods assign on self.
     assigned: frozenset[str]
+    #: How many values each of :data:`VARYING_RESULTS` returns in this release.
+    result_sizes: dict[str, int]
+    #: The runner attributes the release makes CPU/GPU buffers
+    #: (``self._make_buffer``: read as ``.np``/``.gpu``); others are tensors.
+    buffers: frozenset[str]
 
 
 @functools.lru_cache(maxsize=16)
@@ -202,6 +220,9 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         "ExecuteModelState": _execute_model_state,
         "AsyncGPUModelRunnerOutput": AsyncV1Output,
         "CUDAGraphStat": _NoCudagraphStat,
+        # Up to 0.14: a multimodal encoder-only model skips dummy runs; a
+        # plain decoder is not one.
+        "supports_mm_encoder_only": lambda model: False,
     }
     for module, name in (
         (modules[UBATCH_MODULE], "maybe_create_ubatch_slices"),
@@ -236,7 +257,35 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         api=api,
         real_sync=real_sync,
         assigned=_assigned(path, "GPUModelRunner"),
+        result_sizes=_result_sizes(path, version),
+        buffers=frozenset(_MAKE_BUFFER.findall(path.read_text())),
     )
+
+
+#: ``self.X = self._make_buffer(`` in the runner's ``__init__``.
+_MAKE_BUFFER = re.compile(r"self\.(\w+) = self\._make_buffer\(")
+
+
+def _result_sizes(path: Path, version: str | None) -> dict[str, int]:
+    """How many values the release's own methods of :data:`VARYING_RESULTS`
+    return (their ``tuple[...]`` annotation), which the stand-ins match."""
+    found = class_node(path, "GPUModelRunner", version=version)
+    sizes: dict[str, int] = {}
+    for node in found.body:
+        if isinstance(node, ast.FunctionDef) and node.name in VARYING_RESULTS:
+            returns = node.returns
+            if isinstance(returns, ast.Subscript) and isinstance(
+                returns.slice, ast.Tuple
+            ):
+                sizes[node.name] = len(returns.slice.elts)
+    missing = [name for name in VARYING_RESULTS if name not in sizes]
+    if missing:
+        raise TargetError(
+            f"runner lane: vLLM {version or '(this tree)'}'s GPUModelRunner."
+            f"{missing[0]} has no tuple[...] return annotation the lane's stand-in "
+            "can match"
+        )
+    return sizes
 
 
 def _stub(value: Any) -> bool:
@@ -380,7 +429,7 @@ class V1RunnerStandIns(StrictObject):
 
     def _prepare_inputs(
         self, scheduler_output: Any, num_scheduled_tokens: np.ndarray
-    ) -> tuple[torch.Tensor, Any, int]:
+    ) -> tuple[Any, ...]:
         """The logits rows (each request's last token, plus its drafts' rows)
         and the maximum number of sampled tokens per request; no spec-decode
         metadata without drafts."""
@@ -401,7 +450,9 @@ class V1RunnerStandIns(StrictObject):
             int(runner.requests[r].num_computed_tokens + n)
             for r, n in zip(req_ids, num_scheduled_tokens, strict=True)
         )
-        return torch.from_numpy(rows.astype(np.int64)), None, 1 + max(drafts)
+        result = (torch.from_numpy(rows.astype(np.int64)), None, 1 + max(drafts))
+        # Before 0.28: no maximum of sampled tokens.
+        return result[: runner._dpsim_kit.result_sizes["_prepare_inputs"]]
 
     def _get_slot_mappings(self, **kwargs: Any) -> tuple[None, None]:
         """No KV cache layers: no slot mappings."""
@@ -428,7 +479,7 @@ class V1RunnerStandIns(StrictObject):
         return (
             runner.input_ids.gpu[:num_input_tokens],
             None,
-            runner.positions[:num_input_tokens],
+            runner._dpsim_positions[:num_input_tokens],
             None,
             {},
             None,
@@ -469,9 +520,11 @@ class V1RunnerStandIns(StrictObject):
             request = runner.requests[req_id]
             done = request.num_computed_tokens + scheduled[req_id] >= request.num_tokens
             valid.append([0] if done else [])
+        # 0.28+ also return the NaN counts on the device (second).
+        nans = (None,) * (runner._dpsim_kit.result_sizes["_bookkeeping_sync"] - 7)
         return (
             None,
-            None,
+            *nans,
             None,
             valid,
             {},
@@ -572,6 +625,7 @@ def build_v1_model_runner(
     parallel_config = rank_kit.parallel_config
     k = options.num_speculative_tokens
     max_num_tokens = options.max_num_batched_tokens
+    positions = torch.zeros(max_num_tokens, dtype=torch.int64)
     compilation_config = standin(
         "CompilationConfig",
         cudagraph_mode=dispatcher.compilation_config.cudagraph_mode,
@@ -579,7 +633,10 @@ def build_v1_model_runner(
         pass_config=standin("PassConfig", enable_sp=False),
     )
     model_config = standin(
-        "ModelConfig", is_encoder_decoder=False, multimodal_config=None
+        "ModelConfig",
+        is_encoder_decoder=False,
+        multimodal_config=None,
+        enable_return_routed_experts=False,
     )
     vllm_config = standin(
         "VllmConfig",
@@ -597,12 +654,18 @@ def build_v1_model_runner(
         kit.runner_class,
         **per_release,
         _dpsim_syncs=rank_kit.recorder,
+        _dpsim_kit=kit,
+        _dpsim_positions=positions,
         _dpsim_max_seq_len=0,
         vllm_config=vllm_config,
         parallel_config=parallel_config,
         compilation_config=compilation_config,
         model_config=model_config,
-        scheduler_config=standin("SchedulerConfig", max_num_seqs=options.max_num_seqs),
+        scheduler_config=standin(
+            "SchedulerConfig",
+            max_num_seqs=options.max_num_seqs,
+            max_num_batched_tokens=max_num_tokens,
+        ),
         cache_config=standin(
             "CacheConfig", kv_sharing_fast_prefill=False, mamba_cache_mode="none"
         ),
@@ -639,24 +702,40 @@ def build_v1_model_runner(
         num_prompt_logprobs={},
         _draft_token_ids=None,
         _draft_token_req_ids=None,
-        is_padding=torch.zeros(max_num_tokens, dtype=torch.bool),
         arange_np=np.arange(max(options.max_num_seqs, max_num_tokens) + 1),
-        input_ids=_Buffer(torch.zeros(max_num_tokens, dtype=torch.int32)),
-        positions=torch.zeros(max_num_tokens, dtype=torch.int64),
-        seq_lens=torch.zeros(options.max_num_seqs, dtype=torch.int32),
-        optimistic_seq_lens_cpu=torch.zeros(options.max_num_seqs, dtype=torch.int32),
-        query_pos=_Buffer(np.zeros(max_num_tokens, dtype=np.int64)),
-        query_start_loc=_CopiedBuffer(
-            np.zeros(options.max_num_seqs + 1, dtype=np.int32)
-        ),
+        **_host_buffers(kit, positions, options.max_num_seqs, max_num_tokens),
     )
 
 
 class _CopiedBuffer(_Buffer):
     """A ``CpuGpuBuffer`` whose host-to-device copy is the same array."""
 
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self.cpu = self.gpu
+
     def copy_to_gpu(self, *args: Any) -> None:
         """The "GPU" tensor shares the host array."""
+
+
+def _host_buffers(
+    kit: V1RunnerKit, positions: torch.Tensor, max_num_reqs: int, max_num_tokens: int
+) -> dict[str, Any]:
+    """The input buffers ``_dummy_run`` and the real steps fill (zeros of
+    their real sizes), each a buffer or a tensor as the release makes it."""
+    values = {
+        "is_padding": torch.zeros(max_num_tokens, dtype=torch.bool),
+        "input_ids": torch.zeros(max_num_tokens, dtype=torch.int32),
+        "positions": positions,
+        "seq_lens": torch.zeros(max_num_reqs, dtype=torch.int32),
+        "optimistic_seq_lens_cpu": torch.zeros(max_num_reqs, dtype=torch.int32),
+        "query_pos": torch.zeros(max_num_tokens, dtype=torch.int64),
+        "query_start_loc": torch.zeros(max_num_reqs + 1, dtype=torch.int32),
+    }
+    return {
+        name: _CopiedBuffer(value) if name in kit.buffers else value
+        for name, value in values.items()
+    }
 
 
 def runner_file(sources: RunnerSources) -> Path:
