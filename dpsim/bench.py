@@ -6,10 +6,14 @@
            is simulated time / bare time (>= 1; the goal is <= 1.3). For the
            V1 runner a call is the release's caller method, which dispatches,
            syncs and dispatches again: the cost the simulator adds to.
-``check``  cases simulated and judged per second at a fixed DP size (and,
-           separately, end to end with Hypothesis' generation included).
+``check``  cases per second end to end at a fixed DP size, and what one case
+           costs in each part: generation (Hypothesis drawing it, its engine
+           included), simulation (the target's run on the virtual ranks) and
+           judging (the properties over the trace).
 ``corpus`` seconds to the first counterexample for each faulty target of the
-           corpus (and total seconds including shrinking).
+           corpus, and apart from it the seconds with shrinking.
+``startup`` seconds from ``dpsim check`` starting to the end of a one-case
+           check (its first case), and of that the imports alone.
 
 Speed targets live here, never in timed tests.
 """
@@ -17,6 +21,9 @@ Speed targets live here, never in timed tests.
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -71,24 +78,41 @@ def bench_sim(target: Target, ranks: int, rounds: int) -> dict[str, Any]:
 
 
 def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
-    started = time.perf_counter()
-    report = run_check(
-        target,
-        CheckOptions(scenarios=("step",), ranks=(ranks, ranks), examples=examples),
-    )
+    """The step scenario's search at ``ranks`` ranks, end to end and by part.
+
+    ``generation`` is everything that is neither simulating nor judging a
+    case: Hypothesis drawing it and running its engine (what a check pays
+    for its search). Also in process CPU seconds, which other processes on a
+    busy machine disturb less than wall-clock ones.
+    """
+    options = CheckOptions(scenarios=("step",), ranks=(ranks, ranks), examples=examples)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    report = run_check(target, options)
     seconds = time.perf_counter() - started
-    judging = sum(run.judging_seconds for run in report.runs)
+    cpu_seconds = time.process_time() - cpu_started
+    cases = report.examples
+    judged = sum(run.judging_seconds for run in report.runs)
+    simulation = sum(run.simulating_seconds for run in report.runs)
+    parts = {
+        "generation": seconds - judged,
+        "simulation": simulation,
+        "judging": judged - simulation,
+    }
     return {
         "measure": "check",
         "target": target.label,
         "runner": target.runner,
         "ranks": ranks,
-        "cases": report.examples,
+        "cases": cases,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        **{f"{part}_s": value for part, value in parts.items()},
+        **{f"{part}_us_per_case": value / cases * 1e6 for part, value in parts.items()},
         # Simulated and judged; Hypothesis' own generation time excluded.
-        "cases_judged_per_s": report.examples / judging,
+        "cases_judged_per_s": cases / judged,
         # Everything, generation and shrinking included.
-        "end_to_end_cases_per_s": report.examples / seconds,
+        "end_to_end_cases_per_s": cases / seconds,
+        "end_to_end_cases_per_cpu_s": cases / cpu_seconds,
         "verdict": "pass" if report.passed else "fail",
     }
 
@@ -124,6 +148,7 @@ def bench_corpus(
     rows: list[dict[str, Any]] = []
     if entries is None:
         entries = corpus_entries()
+    started = time.perf_counter()
     for name, target, options in entries:
         report = run_check(target, options)
         failed = report.first_failure
@@ -141,10 +166,79 @@ def bench_corpus(
             }
         )
     times = [float(row["first_counterexample_s"]) for row in rows if row["caught"]]
+    shrunk = [float(row["with_shrinking_s"]) for row in rows if row["caught"]]
     return {
         "measure": "corpus",
         "targets": len(rows),
         "caught": len(times),
         "median_first_counterexample_s": statistics.median(times) if times else None,
+        "median_with_shrinking_s": statistics.median(shrunk) if shrunk else None,
+        "first_counterexamples_s": sum(times),
+        "total_s": time.perf_counter() - started,
         "rows": rows,
+    }
+
+
+def startup_command(spec: str, runner: str) -> list[str]:
+    """A fresh ``dpsim check`` of one case of the step scenario on 2 ranks."""
+    return [
+        sys.executable,
+        "-c",
+        "from dpsim.cli import run; run()",
+        "check",
+        "--vllm",
+        spec,
+        "--runner",
+        runner,
+        "--scenario",
+        "step",
+        "--examples",
+        "1",
+        "--ranks",
+        "2..2",
+    ]
+
+
+#: Only the imports ``dpsim check`` makes before it parses its arguments.
+IMPORTS_COMMAND = [
+    sys.executable,
+    "-c",
+    "from dpsim.cli import build_parser; build_parser('check')",
+]
+
+
+def bench_startup(spec: str, runner: str, repeats: int = 3) -> dict[str, Any]:
+    """Seconds from starting ``dpsim check`` to the end of its first case.
+
+    Each is a new process, so nothing is warm but the OS's file cache; the
+    release must be fetched already (the fetch is not startup). The imports'
+    share is timed apart in processes that only build the parser; the rest
+    is loading the target, building the strategies and the one case.
+    Medians of ``repeats`` runs, interleaved.
+    """
+    checks: list[float] = []
+    imports: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="dpsim-startup-") as scratch:
+        for _ in range(repeats):
+            for command, times in (
+                (startup_command(spec, runner), checks),
+                (IMPORTS_COMMAND, imports),
+            ):
+                started = time.perf_counter()
+                done = subprocess.run(
+                    command, cwd=scratch, capture_output=True, text=True, check=False
+                )
+                times.append(time.perf_counter() - started)
+                if done.returncode != 0:
+                    raise RuntimeError(
+                        f"{' '.join(command[3:]) or 'the imports'} exited "
+                        f"{done.returncode}: {done.stderr.strip()[-400:]}"
+                    )
+    return {
+        "measure": "startup",
+        "vllm": spec,
+        "runner": runner,
+        "repeats": repeats,
+        "to_first_case_s": statistics.median(checks),
+        "imports_s": statistics.median(imports),
     }

@@ -40,6 +40,34 @@ def test_check_measures_v1_cases() -> None:
     assert row["cases_judged_per_s"] > 0
 
 
+def test_check_splits_a_case_into_generation_simulation_and_judging() -> None:
+    row = bench.bench_check(load_target("0.33.0"), 2, 10)
+    parts = [row[f"{part}_s"] for part in ("generation", "simulation", "judging")]
+    assert all(part > 0 for part in parts)
+    assert sum(parts) == pytest.approx(row["seconds"])
+    assert row["simulation_us_per_case"] == pytest.approx(
+        row["simulation_s"] / row["cases"] * 1e6
+    )
+    assert row["end_to_end_cases_per_cpu_s"] > 0
+
+
+def test_corpus_reports_first_counterexamples_apart_from_shrinking() -> None:
+    (entry,) = [row for row in bench.corpus_entries("v2") if row[0] == "witness-solo"]
+    result = bench.bench_corpus([entry])
+    (row,) = result["rows"]
+    assert row["caught"]
+    assert 0 < row["first_counterexample_s"] <= row["with_shrinking_s"]
+    assert result["first_counterexamples_s"] == row["first_counterexample_s"]
+    assert result["median_with_shrinking_s"] == row["with_shrinking_s"]
+    assert result["total_s"] >= row["with_shrinking_s"]
+
+
+def test_startup_times_a_fresh_check_and_its_imports() -> None:
+    row = bench.bench_startup("0.33.0", "v2", repeats=1)
+    assert row["measure"] == "startup" and row["repeats"] == 1
+    assert row["imports_s"] > 0 and row["to_first_case_s"] > 0
+
+
 def test_corpus_entries_keep_to_their_runner() -> None:
     v1 = bench.corpus_entries("v1")
     assert v1 and all(target.runner == "v1" for _, target, _ in v1)

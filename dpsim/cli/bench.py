@@ -18,8 +18,12 @@ HELP = "measure simulator overhead, check throughput and time to counterexample"
 EPILOG = """\
 measures:
   sim     simulated rounds/s of the real sync vs. the bare calls (overhead)
-  check   cases simulated and judged per second
-  corpus  seconds to the first counterexample on each faulty target
+  check   cases per second end to end, and per case the microseconds of
+          generation (Hypothesis), simulation and judging
+  corpus  seconds to the first counterexample on each faulty target, and
+          with shrinking
+  startup seconds from starting dpsim check to the end of its first case
+          (a fresh process; the imports' share apart)
   runner  runner-lane cases/s at 4 ranks x 8 iterations, and the share of
           time in vLLM's own code (only when named; the V2 runner, 0.26+,
           or with --runner v1 the V1 runner)
@@ -37,7 +41,7 @@ examples:
   dpsim bench --measure runner --vllm 0.33.0
   dpsim bench --measure runner --runner v1 --vllm 0.33.0
 """
-MEASURES = ("sim", "check", "corpus")
+MEASURES = ("sim", "check", "corpus", "startup")
 #: The runner lane's measure: run only when named (its cases drive whole engines).
 RUNNER_MEASURE = "runner"
 #: The runners measured side by side when --runner names none and the
@@ -101,6 +105,10 @@ def run(arguments: argparse.Namespace) -> int:
     if "corpus" in measures:
         results.append(bench.bench_corpus(bench.corpus_entries(arguments.runner)))
         _emit(results[-1], arguments.json)
+    if "startup" in measures:
+        for target in targets:
+            results.append(bench.bench_startup(arguments.vllm, target.runner))
+            _emit(results[-1], arguments.json)
     return 0
 
 
@@ -119,27 +127,49 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
     elif kind == "check":
         print(
             f"check   {result['runner']}  {result['ranks']:>4} ranks  "
-            f"{result['cases_judged_per_s']:7.1f} cases "
-            f"judged/s  ({result['end_to_end_cases_per_s']:.1f}/s with generation, "
-            f"{result['cases']} cases)",
+            f"{result['end_to_end_cases_per_s']:7.1f} cases/s end to end "
+            f"({result['end_to_end_cases_per_cpu_s']:.1f} per CPU second; "
+            f"{result['cases']} cases; per case: generation "
+            f"{result['generation_us_per_case']:.0f}us, simulation "
+            f"{result['simulation_us_per_case']:.0f}us, judging "
+            f"{result['judging_us_per_case']:.0f}us; "
+            f"{result['cases_judged_per_s']:.1f} simulated and judged/s)",
+            flush=True,
+        )
+    elif kind == "startup":
+        print(
+            f"startup {result['runner']}  dpsim check to its first case "
+            f"{result['to_first_case_s']:.2f}s, of which imports "
+            f"{result['imports_s']:.2f}s (median of {result['repeats']})",
             flush=True,
         )
     else:
-        for row in result["rows"]:
-            seconds = row["first_counterexample_s"]
-            shown = f"{seconds:6.2f}s" if seconds is not None else "NOT CAUGHT"
-            print(
-                f"corpus  {row['name']:<36} {shown}  {row['property'] or ''}",
-                flush=True,
-            )
-        median = result["median_first_counterexample_s"]
+        _emit_corpus(result)
+
+
+def _emit_corpus(result: dict[str, Any]) -> None:
+    for row in result["rows"]:
+        seconds = row["first_counterexample_s"]
+        shown = (
+            f"{seconds:6.2f}s  (with shrinking {row['with_shrinking_s']:6.2f}s)"
+            if seconds is not None
+            else "NOT CAUGHT"
+        )
         print(
-            f"corpus  caught {result['caught']}/{result['targets']}, median time to first "
-            f"counterexample {median:.2f}s"
-            if median is not None
-            else "corpus  none caught",
+            f"corpus  {row['name']:<36} {shown}  {row['property'] or ''}",
             flush=True,
         )
+    median = result["median_first_counterexample_s"]
+    print(
+        f"corpus  caught {result['caught']}/{result['targets']}, median time to first "
+        f"counterexample {median:.2f}s (with shrinking "
+        f"{result['median_with_shrinking_s']:.2f}s); all first counterexamples "
+        f"{result['first_counterexamples_s']:.1f}s, the whole corpus "
+        f"{result['total_s']:.1f}s"
+        if median is not None
+        else "corpus  none caught",
+        flush=True,
+    )
 
 
 def _runner_measure(arguments: argparse.Namespace, measures: list[str]) -> int:
