@@ -339,3 +339,78 @@ def test_a_v1_check_says_which_properties_it_left_out_and_a_v2_check_does_not(
     assert sorted(left_out) == ["agreed-values", "idle", "reuse"]
     assert main([*common, "--runner", "v2", "--json"]) == 0
     assert "properties_not_run" not in json.loads(capsys.readouterr().out)
+
+
+# -- the runner lane's runner (--lane runner --runner v1) ---------------------------
+
+#: The V1 runner lane's refusal of a release before its caller method.
+_V1_LANE_REFUSAL = (
+    "runner lane (V1 runner): vLLM 0.11.1 cannot be driven: its GPUModelRunner "
+    "has no _determine_batch_execution_and_padding"
+)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["check", "--lane", "runner", "--runner", "v1", "--vllm", "0.11.1"],
+        ["targets", "--lane", "runner", "--runner", "v1", "0.11.1"],
+        ["targets", "--lane", "runner", "--runner", "v1", "--fetch", "0.11.1"],
+        ["bench", "--measure", "runner", "--runner", "v1", "--vllm", "0.11.1"],
+        ["fuzz", "--lane", "runner", "--runner", "v1", "--vllm", "0.11.1"],
+        ["mutate", "--lane", "runner", "--runner", "v1", "--vllm", "0.11.1"],
+    ],
+    ids=" ".join,
+)
+def test_the_v1_runner_lane_refuses_a_release_it_cannot_drive_unfetched(
+    arguments: list[str],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(arguments) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("dpsim: error: ") and _V1_LANE_REFUSAL in line
+    assert "refused without fetching it" in line
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_runner_lanes_runner_is_v2_unless_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """0.17.0's default runner is V1's, but the runner lane's stays V2: without
+    --runner it is refused as V2's, with --runner v1 it is V1's to drive."""
+    from dpsim.options import lane_runner
+
+    assert lane_runner("runner", None) == "v2"
+    assert lane_runner("runner", "v1") == "v1"
+    assert lane_runner("sync", None) is None  # the target's default
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path / "cache"))
+    assert main(["check", "--lane", "runner", "--vllm", "0.17.0"]) == 2
+    assert "older than dpsim supports with the V2 runner" in capsys.readouterr().err
+
+
+def test_targets_lane_runner_refuses_per_release_and_goes_on(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DPSIM_CACHE", str(tmp_path / "cache"))
+    arguments = ["targets", "--lane", "runner", "--runner", "v1", "0.11.1", "0.11.2"]
+    assert main(arguments) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2
+    assert "vLLM 0.11.1 cannot be driven" in lines[0]
+    assert "vLLM 0.11.2 cannot be driven" in lines[1]
+
+
+@pytest.mark.parametrize("command", ["check", "targets", "bench", "fuzz", "mutate"])
+def test_the_help_teaches_the_v1_runner_lane(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--runner v1" in shown and "runner" in shown
+    if command != "bench":
+        assert "--lane runner --runner v1" in shown

@@ -66,7 +66,8 @@ RUNNER_SLOTS: dict[str, str] = {
 V1_RUNNER_SLOTS: dict[str, str] = {
     "core": RUNNER_SLOTS["core"],
     "gpu_model_runner": "v1/worker/gpu_model_runner.py (GPUModelRunner)",
-    "eagle": "v1/spec_decode/eagle.py (EagleProposer)",
+    "eagle": "the V1 drafter: v1/spec_decode/eagle.py (EagleProposer), or "
+    "llm_base_proposer.py where its methods live (0.3x)",
     "dp_utils": "v1/worker/dp_utils.py (the real sync's module functions)",
 }
 DEFAULT_RUNNER_SLOT = "core"
@@ -80,7 +81,7 @@ _MARKERS = {
     "draft": ("DraftModelSpeculator",),
     "parallel": ("ParallelConfig",),
     "gpu_model_runner": ("GPUModelRunner",),
-    "eagle": ("EagleProposer",),
+    "eagle": ("EagleProposer", "SpecDecodeBaseProposer"),
 }
 _DP_UTILS = {
     "v2": Path("v1/worker/gpu/dp_utils.py"),
@@ -132,7 +133,9 @@ def runner_mutated_file(target: Target, slot: str) -> tuple[MutatedFile, str]:
         path = root / _DP_UTILS[target.runner]
     else:
         origins = lane_origins(target)
-        marked = [o for o in origins if o.class_name in _MARKERS[slot]]
+        # A marked class the lane keeps no method of (0.3x's EagleProposer,
+        # whose methods its base holds) has nothing to mutate.
+        marked = [o for o in origins if o.class_name in _MARKERS[slot] and o.methods]
         if not marked:
             raise TargetError(
                 f"runner lane: {target.label} has no {slots[slot]} the lane "

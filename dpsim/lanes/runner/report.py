@@ -55,6 +55,20 @@ STOOD_IN = (
     "(dpsim.lanes.runner.forward)",
     "speculators: triton launchers, draft model (dpsim.lanes.runner.speculators)",
 )
+#: The same on the V1 model runner (its own worker, runner and drafter modules).
+V1_STOOD_IN = (
+    *STOOD_IN[:2],
+    "model runner, worker: GPU buffers, input preparation, sampler, "
+    "collaborators (dpsim.lanes.runner.v1.model_runner, .v1.worker)",
+    STOOD_IN[3],
+    "drafter: draft model, attention metadata, triton kernels "
+    "(dpsim.lanes.runner.v1.proposer)",
+)
+
+
+def stood_in(runner: str) -> tuple[str, ...]:
+    """What the lane stands in for on ``runner``'s model runner, and where."""
+    return V1_STOOD_IN if runner == "v1" else STOOD_IN
 
 
 @dataclass(frozen=True)
@@ -184,7 +198,7 @@ def render_coverage(target: Target, found: Coverage) -> str:
             f"{share:4.0%}  {function.shown}"
         )
     lines.append("  stood in (strict):")
-    lines.extend(f"    {part}" for part in STOOD_IN)
+    lines.extend(f"    {part}" for part in stood_in(target.runner))
     return "\n".join(lines)
 
 
@@ -203,7 +217,7 @@ def coverage_json(target: Target, found: Coverage) -> dict[str, Any]:
             }
             for function in found.functions
         ],
-        "stood_in": list(STOOD_IN),
+        "stood_in": list(stood_in(target.runner)),
     }
 
 
