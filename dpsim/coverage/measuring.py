@@ -9,6 +9,16 @@ Target code is compiled by dpsim from the real files with their real names
 so the traced names are the files on disk. Data stays in memory (no
 ``.coverage`` file); each (scenario, profile) is a coverage.py dynamic
 context, so one run gives the totals and each context's share.
+
+Cost, measured on 0.33.0 as interleaved runs of the same ``run_check`` in one
+process, with and without a measurement, in CPU time (the machine was shared):
+the ``step`` scenario at 2..16 ranks, 100 examples x 6 seeds, took 1.39x
+(+3.5 ms per case) on V2 and 1.97x (+10.9 ms per case; 4 seeds) on V1. Only
+a case's run of the target is traced, which on its own runs 2.1x slower
+(Python 3.11's trace hook sends every call of the simulator and the target
+to the tracer; coverage.py's greenlet support adds about 0.3x of that, and is
+needed: ranks switch inside the target's frames). Starting and stopping the
+tracer per case costs about 0.13 ms.
 """
 
 from __future__ import annotations
@@ -70,7 +80,10 @@ class Measurement:
         Tracing is on only inside such blocks (one case's run, say): Python
         3.11's trace hook costs every call in the process, Hypothesis drawing
         the next case included, so a whole search traced costs about twice
-        what it costs to trace only the cases' runs.
+        what it costs to trace only the cases' runs. Another coverage.py
+        measurement (pytest-cov) is paused for the block and resumed; a
+        debugger's tracer is not put back (coverage.py's C tracer, stopped,
+        clears the hook on the next event it still receives).
         """
         measured = self._coverage
         if measured is None:
