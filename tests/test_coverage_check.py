@@ -139,3 +139,20 @@ def test_a_mark_on_a_release_branch_lists_it_apart(release: Any) -> None:
     assert dp_utils.analysis.text(arc[0]) == "if dp_size == 1:"
     assert arc not in dp_utils.missing_branches
     assert dp_utils.unreachable_branches[arc] == mark.reason
+
+
+def test_a_target_file_is_shown_as_the_file_it_stands_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, release_file: Any
+) -> None:
+    mine = tmp_path / "my_dp_utils.py"
+    mine.write_bytes(release_file("0.33.0", "v1/worker/gpu/dp_utils.py").read_bytes())
+    data = check_json(
+        capsys,
+        tmp_path / "out",
+        *("--vllm", "0.33.0", "--target", str(mine), "--examples", "3"),
+    )
+    dp_utils = data["coverage"]["files"][0]
+    # Named (and matched by the unreachable marks) as the module it plays.
+    assert dp_utils["file"] == "v1/worker/gpu/dp_utils.py"
+    assert dp_utils["path"] == str(mine)
+    assert dp_utils["lines_executed"] > 0

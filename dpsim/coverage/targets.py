@@ -21,6 +21,7 @@ from dpsim.lanes.runner.where import display_name
 
 from .scope import Scope, self_calls
 
+_CALLER_MODULE = "vllm.v1.worker.gpu_model_runner"
 #: Module -> the method whose closure of ``self`` calls is measured there
 #: (None: every function of the file).
 _MEASURED: dict[str, str | None] = {
@@ -44,7 +45,7 @@ def scopes_for(target: Any) -> tuple[Scope, ...]:
                 functions = self_calls(loaded.path, entry)
             except TargetError:
                 continue  # a release whose class has no such method: nothing to measure
-        scopes.append(Scope(loaded.path, display_name(Path(loaded.path)), functions))
+        scopes.append(Scope(loaded.path, module_file(loaded.module), functions))
     caller = getattr(target.api, "caller", None)
     if caller is not None:
         from dpsim.targets.v1.caller import RUNNER_CLASS
@@ -52,11 +53,18 @@ def scopes_for(target: Any) -> tuple[Scope, ...]:
         scopes.append(
             Scope(
                 str(caller.path),
-                display_name(Path(caller.path)),
+                module_file(_CALLER_MODULE),
                 tuple(f"{RUNNER_CLASS}.{method.name}" for method in caller.methods),
             )
         )
     return tuple(scopes)
+
+
+def module_file(module: str) -> str:
+    """How reports name the file playing ``module`` (``v1/worker/gpu/dp_utils.py``),
+    wherever it was read from: a ``--target`` or ``--caller-file`` is shown,
+    and matched by the unreachable marks, as the file it stands for."""
+    return module.removeprefix("vllm.").replace(".", "/") + ".py"
 
 
 def runner_lane_scopes(target: Any) -> tuple[Scope, ...]:
