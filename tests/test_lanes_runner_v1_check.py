@@ -91,3 +91,41 @@ def test_a_v1_case_file_replays_on_gloo_and_agrees_with_the_simulator(
     lane = json.loads(capsys.readouterr().out)["lane"]
     assert lane["disagreements"] == []
     assert lane["verdicts"] and lane["verdicts"][0]["property"] == "no-error"
+
+
+def test_targets_lane_runner_v1_shows_what_runs_for_real(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    arguments = ["targets", "--lane", "runner", "--runner", "v1", "--json", "0.33.0"]
+    assert main(arguments) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lane"] == "runner" and shown["runner"] == "v1"
+    ran = {
+        f["function"].split()[-1]: f["executed"]
+        for f in shown["functions"]
+        if f["executed"]
+    }
+    for name in (
+        "GPUModelRunner._determine_batch_execution_and_padding",
+        "GPUModelRunner._dummy_run",
+        "Worker.execute_dummy_batch",
+        "DPEngineCoreProc.run_busy_loop",
+    ):
+        assert name in ran, name
+    assert any(
+        "dpsim.lanes.runner.v1.model_runner" in part for part in shown["stood_in"]
+    )
+
+
+def test_versions_lane_runner_v1_has_the_v1_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    arguments = ["versions", "--lane", "runner", "--runner", "v1", "0.33.0", "0.11.1"]
+    main([*arguments, "--examples", "3", "--out", str(tmp_path)])
+    report = (tmp_path / "report.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[:2] for row in rows] == [
+        ["| vllm 0.33.0 (V1 runner)", "v1"],
+        ["| 0.11.1", "v1"],
+    ]
+    assert " | error | runner lane (V1 runner): vLLM 0.11.1 cannot be driven" in rows[1]
