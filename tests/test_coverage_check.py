@@ -156,3 +156,13 @@ def test_a_target_file_is_shown_as_the_file_it_stands_for(
     assert dp_utils["file"] == "v1/worker/gpu/dp_utils.py"
     assert dp_utils["path"] == str(mine)
     assert dp_utils["lines_executed"] > 0
+
+
+def test_a_modelled_v1_caller_is_not_measured(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    data = check_json(
+        capsys, tmp_path, *("--vllm", "0.11.1", "--runner", "v1", "--examples", "3")
+    )
+    files = [item["file"] for item in data["coverage"]["files"]]
+    assert files == ["v1/worker/dp_utils.py", "v1/cudagraph_dispatcher.py"]

@@ -46,10 +46,12 @@ def scopes_for(target: Any) -> tuple[Scope, ...]:
             except TargetError:
                 continue  # a release whose class has no such method: nothing to measure
         scopes.append(Scope(loaded.path, module_file(loaded.module), functions))
-    caller = getattr(target.api, "caller", None)
-    if caller is not None:
-        from dpsim.targets.v1.caller import RUNNER_CLASS
+    from dpsim.targets.v1.caller import RUNNER_CLASS, Caller
 
+    caller = getattr(target.api, "caller", None)
+    # Before 0.12 the V1 caller is modelled by dpsim (not a Caller): nothing
+    # of vLLM's runs there.
+    if isinstance(caller, Caller):
         scopes.append(
             Scope(
                 str(caller.path),
