@@ -409,3 +409,5 @@ def test_measure_overhead_reports_both_sides() -> None:
     assert numbers["overhead"] == pytest.approx(
         numbers["bare_rounds_per_s"] / numbers["rounds_per_s"]
     )
+    # The same comparison by CPU time (None only below the clock's resolution).
+    assert numbers["cpu_overhead"] is None or numbers["cpu_overhead"] > 0

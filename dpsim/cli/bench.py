@@ -121,7 +121,12 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
         print(
             f"sim     {result['runner']}  {result['ranks']:>4} ranks  "
             f"{result['rounds_per_s']:9.1f} rounds/s  "
-            f"bare {result['bare_rounds_per_s']:9.1f}/s  overhead {result['overhead']:.2f}",
+            f"bare {result['bare_rounds_per_s']:9.1f}/s  overhead {result['overhead']:.2f}"
+            + (
+                f" (CPU time {result['cpu_overhead']:.2f})"
+                if result["cpu_overhead"] is not None
+                else ""
+            ),
             flush=True,
         )
     elif kind == "check":
