@@ -33,10 +33,14 @@ from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import SYNC_EVENT, SyncRecord
 from dpsim.records.trace import Outcome, RankState, SimResult
 from dpsim.sim import simulate
-from dpsim.targets.spec import ReleaseSpec, TargetSpec, TreeSpec
+from dpsim.targets.spec import TargetSpec, TreeSpec
 
 #: Releases whose drafter is the base-class layout (llm_base_proposer.py).
 RELEASES = ("0.26.0", "0.29.0", "0.33.0")
+#: Each layout's boundary releases: 0.12 (``_pad_batch_across_dp``, graph
+#: sizes from ``pad_for_cudagraph``) and 0.17 (the drafter's own
+#: dispatch-and-sync, its base class inside eagle.py).
+OLDER = ("0.12.0", "0.17.0")
 BASE_FILE = "v1/spec_decode/llm_base_proposer.py"
 #: vLLM 26086's class: ``dummy_run`` running one forward where ``propose``
 #: runs k (the loop bound made 1, as before the fix).
@@ -137,6 +141,40 @@ def test_no_drafter_is_none_and_unknown_or_mismatched_ones_are_refused() -> None
 
 
 # -- release-marked: propose on a busy rank, dummy_run on an idle one ---------
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", OLDER)
+@pytest.mark.parametrize("kind", ["eagle", "mtp"])
+def test_older_layouts_draft_in_step_too(version: str, kind: str) -> None:
+    """0.12's drafter syncs through _pad_batch_across_dp (a count-only
+    caller, not recorded as a sync: the drafter picks its graph mode after
+    it); 0.17's through its own _determine_batch_execution_and_padding."""
+    k = 3
+    result, gaps, drafts = _run(_release(version), kind, k)
+    assert gaps == []
+    assert result.outcome == Outcome.OK
+    assert drafts[0] == [3, k]
+    syncs = 0 if version == "0.12.0" else 2
+    for rank in (0, 1):
+        assert _counts(result, rank) == (syncs, k, k)
+
+
+@pytest.mark.release
+def test_an_idle_drafter_without_graphs_forwards_at_another_count_on_0_12() -> None:
+    """30119's mechanism: 0.12's runner turns an idle rank's drafter graphs
+    off under a FULL dummy run (dummy_run(use_cudagraphs=False)); 0.12's
+    drafter then forwards eagerly at the agreed count (12) while the busy
+    rank pads to its graph (16): the first drafter forward's collectives
+    mismatch. 0.17's drafter syncs its graph mode too: both run eager."""
+    broken, gaps, _ = _run(_release("0.12.0"), "eagle", 3, idle_cudagraphs=False)
+    assert gaps == []
+    assert broken.outcome in (Outcome.HANG, Outcome.MISMATCH)
+    assert _counts(broken, 0)[1] == _counts(broken, 1)[1] == 1
+    held, gaps, _ = _run(_release("0.17.0"), "eagle", 3, idle_cudagraphs=False)
+    assert gaps == []
+    assert held.outcome == Outcome.OK
+    assert {s.descriptor.cg_mode.value for s in _syncs(held, 0)} == {"NONE"}
 
 
 @pytest.mark.release
@@ -242,7 +280,7 @@ def test_the_runners_prepare_calls_run_the_real_helpers(version: str) -> None:
 
 @functools.cache
 def _release(version: str) -> RunnerSources:
-    return RunnerSources.for_spec(TargetSpec(ReleaseSpec(version), runner="v1"))
+    return RunnerSources.for_release(version, "v1")
 
 
 def _planted(version: str, tmp_path: Path, old: str, new: str) -> RunnerSources:
@@ -286,11 +324,12 @@ def _metadata(sources: RunnerSources, num_reqs: int, per_request: int) -> Any:
 
 
 def _run(
-    sources: RunnerSources, kind: str, k: int
+    sources: RunnerSources, kind: str, k: int, *, idle_cudagraphs: bool = True
 ) -> tuple[SimResult, list[str], list[Any]]:
     """Rank 0 proposes for a decode batch of 3 requests (1 + k tokens each),
-    rank 1 is idle and runs the drafter's dummy_run(1), as the V1 runner's
-    _dummy_run does; each rank's drafter is built as the runner builds it."""
+    rank 1 is idle and runs the drafter's dummy_run(1, use_cudagraphs=...),
+    as the V1 runner's _dummy_run does; each rank's drafter is built as the
+    runner builds it."""
     options = EngineOptions(speculator=kind, num_speculative_tokens=k)
     kits = [_kit(sources, rank, 2) for rank in range(2)]
     drafters = [
@@ -302,22 +341,25 @@ def _run(
     def program(rank: int) -> None:
         drafter = drafters[rank]
         if rank == 1:
-            drafter.dummy_run(1)
+            drafter.dummy_run(1, use_cudagraphs=idle_cudagraphs)
             return
         metadata = _metadata(sources, 3, 1 + k)
         tokens = metadata.num_actual_tokens
-        extra = (
-            {"num_speculative_tokens": k}
-            if "num_speculative_tokens" in inspect.signature(drafter.propose).parameters
-            else {}
-        )
+        parameters = inspect.signature(drafter.propose).parameters
+        extra: dict[str, Any] = {
+            # 0.12-0.16 name the sample indices last_token_indices.
+            "token_indices_to_sample"
+            if "token_indices_to_sample" in parameters
+            else "last_token_indices": None
+        }
+        if "num_speculative_tokens" in parameters:
+            extra["num_speculative_tokens"] = k
         out = drafter.propose(
             **extra,
             target_token_ids=torch.zeros(tokens, dtype=torch.int32),
             target_positions=torch.arange(tokens),
             target_hidden_states=torch.zeros(tokens, HIDDEN_SIZE),
             next_token_ids=torch.zeros(3, dtype=torch.int32),
-            token_indices_to_sample=None,
             common_attn_metadata=metadata,
             sampling_metadata=types.SimpleNamespace(all_greedy=True),
         )

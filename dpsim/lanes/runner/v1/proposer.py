@@ -9,9 +9,11 @@ first-pass forward and ``k - 1`` loop forwards, ``dummy_run`` (idle ranks,
 profile and capture runs) runs as many forwards as ``propose`` would (vLLM
 26086 was ``dummy_run`` issuing one where ``propose`` issued ``k``), and
 each forward's MoE collectives hang when ranks disagree. Both coordinate
-across DP in the drafter's own ``_determine_batch_execution_and_padding``
-(0.17+), which calls the release's real ``coordinate_batch_across_dp``;
-0.12-0.16's ``_pad_batch_across_dp`` drafter is refused in one line.
+across DP: in the drafter's own ``_determine_batch_execution_and_padding``
+(0.17+: dispatch, sync count and graph mode, dispatch again), or in 0.12-0.16
+in ``_pad_batch_across_dp`` (the count alone; the drafter picks its graph
+size after, locally, from ``pad_for_cudagraph`` or its dispatcher: where
+30119 lived). Both call the release's real ``coordinate_batch_across_dp``.
 
 :func:`build_v1_proposer` rebuilds the release's REAL class chain with
 :func:`~dpsim.lanes.runner.extract.real_class` (``EagleProposer`` over the
@@ -21,6 +23,7 @@ per-rank CPU buffers. These run for real: ``propose``, ``dummy_run``,
 ``build_model_inputs_first_pass``, ``model_returns_tuple``, the position and
 slot-mapping helpers, greedy draft sampling (``_greedy_sample``,
 ``_sample_draft_tokens``: argmax over the stood-in model's zero logits),
+``_pad_batch_across_dp`` and ``_get_attention_metadata_builder`` (0.12-0.16),
 ``prepare_inputs``, ``prepare_inputs_padded``, ``prepare_next_token_ids_cpu``,
 ``prepare_next_token_ids_padded``, ``initialize_cudagraph_keys`` over the
 release's real ``CudagraphDispatcher`` (built from the policy's table as the
@@ -36,7 +39,10 @@ globals route each call by the rank's ``parallel_config`` (each rank has its
 own). Each call of the drafter's ``_determine_batch_execution_and_padding``
 is recorded as one drafter-phase sync (:func:`_recording`, through the
 rank's recorder), numbered on the rank's phase counter after the model
-runner's sync of the same step.
+runner's sync of the same step. 0.12-0.16's ``_pad_batch_across_dp`` is not
+recorded: a sync record says what the rank runs, which that drafter decides
+only after the call; its forwards (and their collectives) are judged all
+the same (``drafter-forwards``, ``no-hang``).
 
 Stood in for: the draft model (:class:`~dpsim.lanes.runner.forward.FakeModel`:
 each forward issues the EP collectives at its forward context's shape and
@@ -139,15 +145,17 @@ _METHODS_KEPT = (
     "prepare_inputs",
     "dummy_run",
     "_determine_batch_execution_and_padding",
+    "_pad_batch_across_dp",
+    "_get_attention_metadata_builder",
     "set_eplb_state",
 )
-#: Required in every release the lane drives.
-_REQUIRED = (
-    "propose",
-    "dummy_run",
-    "prepare_inputs",
-    "_determine_batch_execution_and_padding",
-)
+#: Required in every release the lane drives (and one of the two callers of
+#: the sync: :func:`_check_dp_caller`).
+_REQUIRED = ("propose", "dummy_run", "prepare_inputs")
+#: The drafter's caller of the sync: its own dispatch-and-sync (0.17+), or
+#: the count-only padding of 0.12-0.16.
+_DETERMINE = "_determine_batch_execution_and_padding"
+_PAD = "_pad_batch_across_dp"
 #: The methods whose ``self.X = ...`` assignments say which attributes the
 #: release's real proposer holds.
 _BUILDERS = (
@@ -251,10 +259,13 @@ def build_v1_proposer(
     )
     parallel_config = runner_kit.parallel_config
     _RANKS[parallel_config] = runner_kit
+    shared = dispatcher.vllm_config  # the model runner's config, as the lane views it
+    padding = getattr(shared, "pad_for_cudagraph", None)  # up to 0.16
     vllm_config = standin(
         "VllmConfig (the drafter's)",
+        **({} if padding is None else {"pad_for_cudagraph": padding}),
         parallel_config=parallel_config,
-        compilation_config=dispatcher.vllm_config.compilation_config,
+        compilation_config=shared.compilation_config,
         model_config=standin(
             "ModelConfig", max_model_len=options.max_model_len, uses_mrope=False
         ),
@@ -266,9 +277,13 @@ def build_v1_proposer(
         extra_inputs=("hidden_states",),
         on_forward=record_drafter_forward,
     )
+    modes = target.CUDAGraphMode
     values = _attributes(
         kind,
         options,
+        # 0.12-0.14's __init__: graphs iff the mode has PIECEWISE ones (dpsim
+        # models vLLM's default compilation, VLLM_COMPILE; no enforce_eager).
+        use_cuda_graph=modes[table.cudagraph_mode].has_mode(modes.PIECEWISE),
         rank=rank,
         vllm_config=vllm_config,
         dispatcher=dispatcher,
@@ -279,9 +294,15 @@ def build_v1_proposer(
         classes.proposer,
         **{name: value for name, value in values.items() if name in classes.attributes},
     )
-    # The real model's return form, as the real code asks it.
-    model.returns_tuple = bool(proposer.model_returns_tuple())
-    proposer.initialize_cudagraph_keys(target.CUDAGraphMode[table.cudagraph_mode])
+    # The real model's return form, as the real code asks it (0.15+); 0.12-0.14
+    # unpack a tuple inline unless the method is "mtp".
+    model.returns_tuple = (
+        bool(proposer.model_returns_tuple())
+        if hasattr(type(proposer), "model_returns_tuple")
+        else kind != "mtp"
+    )
+    if hasattr(type(proposer), "initialize_cudagraph_keys"):  # 0.15+: a dispatcher
+        proposer.initialize_cudagraph_keys(target.CUDAGraphMode[table.cudagraph_mode])
     return proposer
 
 
@@ -474,7 +495,7 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
     utils_path = sources.path(UTILS_MODULE)
     metadata = _metadata_class(sources, version)
     eagle_tree = class_node(eagle_path, _EAGLE_CLASS, version=version)
-    namespace = _globals(target, utils_path, metadata)
+    namespace = _globals(target, utils_path, eagle_path, metadata)
     trees = [eagle_tree]
     rebuilt: list[type] = []
     _check_dp_caller(sources, eagle_path, version)
@@ -524,8 +545,10 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
             decorators=_DECORATORS,
         )
     rebuilt.insert(0, proposer)
+    if hasattr(proposer, _DETERMINE):
+        proposer = _recording(proposer, target.BatchExecutionDescriptor)
     return ProposerClasses(
-        proposer=_recording(proposer, target.BatchExecutionDescriptor),
+        proposer=proposer,
         attributes=frozenset(_assigned(trees, _BUILDERS)),
         common_attn_metadata=metadata,
         rebuilt=tuple(rebuilt),
@@ -535,22 +558,18 @@ def proposer_classes(sources: RunnerSources, target: Any) -> ProposerClasses:
 def _check_dp_caller(
     sources: RunnerSources, eagle_path: Path, version: str | None
 ) -> None:
-    """Refuse a release whose drafter pads across DP with
-    ``_pad_batch_across_dp`` (0.12-0.16): it sizes its graphs with
-    ``pad_for_cudagraph`` and its own ``use_cuda_graph`` flag, not a
-    dispatcher, and builds attention metadata through the model runner's
-    builders; the lane models the dispatcher form (0.17+) only."""
+    """Refuse a release whose drafter has neither caller of the sync the
+    lane knows: ``_determine_batch_execution_and_padding`` (0.17+) or
+    ``_pad_batch_across_dp`` (0.12-0.16)."""
     paths = [p for p in (sources.file_of(BASE_MODULE), eagle_path) if p is not None]
     text = "".join(path.read_text() for path in paths)
-    if "def _determine_batch_execution_and_padding(" in text:
+    if f"def {_DETERMINE}(" in text or f"def {_PAD}(" in text:
         return
-    if "def _pad_batch_across_dp(" in text:
-        raise TargetError(
-            f"runner lane: vLLM {_shown(version)}'s EAGLE proposer pads across DP "
-            "with _pad_batch_across_dp (0.17 replaced it with its own "
-            "_determine_batch_execution_and_padding over a CudagraphDispatcher), "
-            "which the V1 runner lane does not model"
-        )
+    raise TargetError(
+        f"runner lane: vLLM {_shown(version)}'s EAGLE proposer has neither "
+        f"{_DETERMINE} nor {_PAD}: its drafter does not coordinate across DP "
+        "itself (before 0.12), which the V1 runner lane does not model"
+    )
 
 
 def _bases(node: ast.ClassDef) -> list[str]:
@@ -628,7 +647,9 @@ def _is_literal(node: ast.expr) -> bool:
     return True
 
 
-def _globals(target: Any, utils_path: Path, metadata: type) -> dict[str, Any]:
+def _globals(
+    target: Any, utils_path: Path, eagle_path: Path, metadata: type
+) -> dict[str, Any]:
     """The module globals the kept methods may use."""
     modes = target.CUDAGraphMode
     namespace: dict[str, Any] = {
@@ -662,7 +683,8 @@ def _globals(target: Any, utils_path: Path, metadata: type) -> dict[str, Any]:
     power = _top_level(utils_path, "next_power_of_2", {})
     if power is not None:
         namespace["next_power_of_2"] = power
-    padding = _constant((utils_path,), "PADDING_SLOT_ID")
+    # In spec_decode/utils.py from 0.17, in eagle.py before.
+    padding = _constant((utils_path, eagle_path), "PADDING_SLOT_ID")
     if padding is not None:
         namespace["PADDING_SLOT_ID"] = padding
     return namespace
@@ -675,6 +697,7 @@ def _attributes(
     kind: str,
     options: EngineOptions,
     *,
+    use_cuda_graph: bool,
     rank: int,
     vllm_config: Any,
     dispatcher: Any,
@@ -691,6 +714,7 @@ def _attributes(
     arange = max(reqs + 1, tokens)
     method = _METHODS[kind]
     backup = torch.zeros(reqs, dtype=torch.int32)
+    group = _attention_group()
     return {
         "vllm_config": vllm_config,
         "speculative_config": standin(
@@ -734,7 +758,7 @@ def _attributes(
         "max_query_tokens": tokens,
         "max_positions": tokens,
         "supports_mm_inputs": False,
-        "draft_attn_groups": [_attention_group()],
+        "draft_attn_groups": [group],
         "kv_cache_gid": 0,
         "eagle3_use_aux_hidden_state": False,
         "compilation_config": vllm_config.compilation_config,
@@ -765,9 +789,15 @@ def _attributes(
         "model": model,
         "_draft_attn_layer_names": frozenset({_DRAFT_LAYER}),
         "attn_layer_names": [_DRAFT_LAYER],
-        # 0.17-0.20 keep the model runner (and assert it is set); the lane's
-        # drafter reads nothing of it on the paths it runs.
-        "runner": standin("GPUModelRunner (as the drafter holds it)"),
+        # 0.12-0.20 keep the model runner (and assert it is set); 0.12-0.14
+        # find their attention metadata builder in its attention groups.
+        "runner": standin(
+            "GPUModelRunner (as the drafter holds it)", attn_groups=[[group]]
+        ),
+        "use_cuda_graph": use_cuda_graph,
+        "attn_metadata_builder": None,
+        "draft_indexer_metadata_builder": None,
+        "indexer_layer_names": [],
     }
 
 
@@ -785,18 +815,20 @@ def _attention_group() -> Any:
     the two forms releases call: ``get_metadata_builder().build_for_drafting``
     (up to 0.2x) and ``build_metadata_for_drafting`` (later)."""
     metadata = standin("AttentionMetadata (the drafter's)")
+    spec = standin("KVCacheSpec", block_size=_BLOCK_SIZE)
 
     def build(common_attn_metadata: Any, draft_index: int = 0) -> Any:
         return metadata
 
+    builder = standin(
+        "AttentionMetadataBuilder", build_for_drafting=build, kv_cache_spec=spec
+    )
     return standin(
         "AttentionGroup",
         layer_names=[_DRAFT_LAYER],
-        kv_cache_spec=standin("KVCacheSpec", block_size=_BLOCK_SIZE),
+        kv_cache_spec=spec,
         build_metadata_for_drafting=build,
-        get_metadata_builder=lambda *ubatch: standin(
-            "AttentionMetadataBuilder", build_for_drafting=build
-        ),
+        get_metadata_builder=lambda *ubatch: builder,
     )
 
 
