@@ -25,19 +25,19 @@ _ONE_RANK = (
 
 UNREACHABLE: tuple[Unreachable, ...] = (
     Unreachable(
-        releases=">=0.18,<0.20",
+        releases=">=0.20",
         file=_V2,
         function="dispatch_cg_and_sync_dp",
         source="if dp_size == 1:",
-        to="return None",
+        to="return batch_desc, None",
         reason=_ONE_RANK,
     ),
     Unreachable(
         releases=">=0.20",
         file=_V2,
         function="dispatch_cg_and_sync_dp",
-        source="if dp_size == 1:",
-        to="return batch_desc, None",
+        source="return batch_desc, None",
+        to=None,
         reason=_ONE_RANK,
     ),
 )

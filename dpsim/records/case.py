@@ -103,6 +103,41 @@ _DEFAULTS = {field.name: field.default for field in _BATCH_FIELDS}
 
 
 @dataclass(frozen=True)
+class ReuseCall:
+    """What a drafter's prefill passes beside the target's agreement it reuses.
+
+    The agreement fixes the padded token count and the uniform count; the
+    contract leaves the rest to the caller: ``num_reqs`` "may differ", a
+    query-length bound of the drafter's own or none, its own LoRA count.
+    """
+
+    num_reqs: int
+    max_query_len: int | None = None
+    num_active_loras: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_reqs": self.num_reqs,
+            "max_query_len": self.max_query_len,
+            "num_active_loras": self.num_active_loras,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReuseCall:
+        unknown = set(data) - {"num_reqs", "max_query_len", "num_active_loras"}
+        if unknown:
+            raise UsageError(
+                f"reuse call has unknown keys: {', '.join(sorted(unknown))}"
+            )
+        bound = data.get("max_query_len")
+        return cls(
+            num_reqs=int(data["num_reqs"]),
+            max_query_len=None if bound is None else int(bound),
+            num_active_loras=int(data.get("num_active_loras", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class Case:
     """One run: ``steps[s][r]`` is what rank ``r`` passes at step ``s``."""
 
@@ -113,6 +148,11 @@ class Case:
     #: Speculative tokens per step (drafter scenario); the drafter runs
     #: ``num_speculative_steps - 1`` decode syncs of its own after its prefill.
     num_speculative_steps: int = 0
+    #: Drafter scenario, contract profile: ``reuse_calls[s][r]`` is what rank
+    #: ``r``'s drafter prefill passes at step ``s`` beside the reused
+    #: agreement. Empty: the prefill passes the target batch's own request
+    #: count and LoRA count and no query bound, as vLLM's drafters do.
+    reuse_calls: tuple[tuple[ReuseCall, ...], ...] = ()
 
     @property
     def dp_size(self) -> int:
@@ -125,7 +165,7 @@ class Case:
         return tuple(all(batch == step[0] for batch in step) for step in self.steps)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "scenario": self.scenario,
             "profile": self.profile,
             "dp_size": self.dp_size,
@@ -133,6 +173,12 @@ class Case:
             "policy": self.policy.to_dict(),
             "steps": [[batch.to_dict() for batch in step] for step in self.steps],
         }
+        if self.reuse_calls:
+            # Only when drawn: every other file stays as it was.
+            data["reuse_calls"] = [
+                [call.to_dict() for call in step] for step in self.reuse_calls
+            ]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:
@@ -147,9 +193,19 @@ class Case:
                 policy=CapturePolicy.from_dict(data["policy"]),
                 steps=steps,
                 num_speculative_steps=int(data.get("num_speculative_steps", 0)),
+                reuse_calls=tuple(
+                    tuple(ReuseCall.from_dict(call) for call in step)
+                    for step in data.get("reuse_calls", ())
+                ),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise UsageError(f"malformed case: {error}") from error
         if not case.steps or len({len(step) for step in case.steps}) != 1:
             raise UsageError("malformed case: every step needs one batch per rank")
+        if case.reuse_calls and [len(step) for step in case.reuse_calls] != [
+            len(step) for step in case.steps
+        ]:
+            raise UsageError(
+                "malformed case: reuse_calls needs one call per step and rank"
+            )
         return case

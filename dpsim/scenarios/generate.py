@@ -46,6 +46,8 @@ from dpsim.targets.buildable import BuildRules, rules_of
 from dpsim.targets.load import Target
 
 from .programs import SCENARIOS
+from .reuse_calls import reuse_calls
+from .steer import bound_straddles
 
 DEFAULT_RANKS = (2, 16)
 
@@ -193,6 +195,13 @@ def cases(
             batch = _caller_batches(model, chosen, scenario)
         else:
             batch = _contract_batches(model, chosen, scenario)
+        # The contract's drafter prefills pass their own request count, bound
+        # and LoRA count beside the agreement they reuse (V1 has no drafter).
+        reusing = (
+            reuse_calls(chosen, model.features, active_loras(chosen.drafter or chosen))
+            if scenario == "drafter" and profile == "contract" and model is not None
+            else None
+        )
         drawn = []
         for _ in range(steps):
             step = batch(draw, dp_size)
@@ -204,6 +213,9 @@ def cases(
             steps=tuple(drawn),
             num_speculative_steps=(
                 chosen.decode_query_len - 1 if scenario == "drafter" else 0
+            ),
+            reuse_calls=(
+                tuple(reusing(draw, step) for step in drawn) if reusing else ()
             ),
         )
 
@@ -446,7 +458,14 @@ def _contract_batches(
 
     @functools.lru_cache(maxsize=256)
     def bounds(least: int, most: int) -> st.SearchStrategy[int | None]:
-        return st.one_of(st.none(), st.integers(least, most))
+        # Bounds at the decode length and one either side, where a varlen
+        # decode graph (captured for bounds up to it) stops serving a rank:
+        # ranks on both sides of it are where the agreed bound matters.
+        edges = sorted(
+            {value for value in (query_len - 1, query_len, query_len + 1, least)}
+            & set(range(least, most + 1))
+        )
+        return st.one_of(st.none(), st.sampled_from(edges), st.integers(least, most))
 
     def one_rank(draw: st.DrawFn) -> RankBatch:
         tokens = draw(counts)
@@ -479,7 +498,17 @@ def _contract_batches(
             kind="idle" if tokens == 0 else "batch",
         )
 
+    straddle = (
+        bound_straddles(policy, model.features, loras)
+        if scenario != "profile"
+        else None
+    )
+
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
+        if straddle is not None and draw(BOOLEANS):
+            # Half the steps on tables with varlen decode graphs: ranks on
+            # both sides of the decode length (see dpsim.scenarios.steer).
+            return straddle(draw, dp_size)
         # As for callers: ranks share a palette of a few shapes (see above).
         palette = [one_rank(draw) for _ in range(draw(_PALETTE_SIZES))]
         pick = st.sampled_from(palette)  # one strategy for every rank's draw

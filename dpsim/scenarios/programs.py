@@ -92,12 +92,19 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             need_eager=batch.need_eager and batch.kind == "profile",
             kind=batch.kind,
         )
+        # The contract profile draws what the prefill passes beside the
+        # agreement it reuses (its own request count, query bound, LoRA count).
+        called = (
+            replace(prefill, **case.reuse_calls[index][rank].to_dict())
+            if case.reuse_calls
+            else prefill
+        )
         prefill_descriptor, prefill_agreement = sync(
             setting,
             rank,
             f"drafter prefill {index}",
             setting.drafter_prefill_manager,
-            prefill,
+            called,
             reuse=agreement if reuse else None,
         )
         forward(setting, rank, prefill_descriptor, prefill_agreement)

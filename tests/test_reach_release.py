@@ -1,0 +1,64 @@
+"""Branch reach on real releases: the bugs the contract profile now reaches within
+the default budget, and the sync functions' branches a default check runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dpsim.check import CheckOptions, run_check
+from dpsim.mutate import Budget, generate, mutate
+from dpsim.targets import load_target
+
+pytestmark = pytest.mark.release
+
+V2_SYNC = "v1/worker/gpu/dp_utils.py"
+#: 0.33.0's agreement on the query-length bound every rank dispatches with.
+AGREED_BOUND = "synced_max_query_len = int(max_query_lens_across_dp.max())"
+
+
+def _planted_min_bound(release_file: Callable[[str, str], Path], tmp: Path) -> Path:
+    """0.33.0's sync with the agreed bound taken with ``min``: a varlen decode
+    graph then serves a rank whose requests are longer than the graph's bound."""
+    text = release_file("0.33.0", V2_SYNC).read_text()
+    assert text.count(AGREED_BOUND) == 1
+    planted = tmp / "dp_utils.py"
+    planted.write_text(
+        text.replace(AGREED_BOUND, AGREED_BOUND.replace(".max()", ".min()"))
+    )
+    return planted
+
+
+def test_the_min_bound_mutant_is_caught_by_a_default_contract_check(
+    release_file: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    target = load_target("0.33.0", _planted_min_bound(release_file, tmp_path))
+    report = run_check(
+        target, CheckOptions(profile="contract", scenarios=("step",), shrink=False)
+    )
+    (run,) = report.runs
+    assert run.finding is not None
+    assert run.finding.verdicts[0].property == "coverage"
+    assert "query length bound" in run.finding.verdicts[0].message
+    assert run.examples <= 300  # the default budget
+
+
+def test_the_min_bound_mutant_is_killed_by_mutate(
+    release_file: Callable[[str, str], Path],
+) -> None:
+    text = release_file("0.33.0", V2_SYNC).read_text()
+    line = text[: text.index(AGREED_BOUND)].count("\n") + 1
+    (mutant,) = [
+        mutant.id
+        for mutant in generate(text)
+        if mutant.id.startswith(f"min-max@{line}:")
+    ]
+    # The contract profile alone, so the test stays short: the caller
+    # profile's 0.33.0 drafters pass no bound, so it cannot tell min from max.
+    report = mutate(
+        "0.33.0", None, budget=Budget(profiles=("contract",)), workers=0, only=(mutant,)
+    )
+    (result,) = report.results
+    assert result.outcome.killed and result.outcome.killer == "coverage"
