@@ -58,9 +58,12 @@ def test_v2_reports_dp_utils_lines_branches_and_html(
     )
     assert 0 < dp_utils["lines_executed"] < dp_utils["lines"]
     assert 0 < dp_utils["branches_executed"] <= dp_utils["branches"]
-    # Every line is counted once: run, or listed as never run.
+    # Every line is counted once: run, listed as never run, or marked unreachable.
     assert (
-        dp_utils["lines_executed"] + len(dp_utils["missing_lines"]) == dp_utils["lines"]
+        dp_utils["lines_executed"]
+        + len(dp_utils["missing_lines"])
+        + len(dp_utils["unreachable_lines"])
+        == dp_utils["lines"]
     )
     assert [(item["scenario"], item["profile"]) for item in covered["contexts"]] == [
         ("step", "caller")

@@ -13,6 +13,7 @@ from greenlet import greenlet
 from dpsim.coverage import EXIT, CoverageResult, Scope, Unreachable, measure
 from dpsim.coverage.html import write_html
 from dpsim.coverage.render import render_text
+from dpsim.coverage.scope import self_calls
 from dpsim.errors import TargetError
 
 SOURCE = '''\
@@ -181,3 +182,26 @@ def test_json_round_trip_and_html(target: Path, tmp_path: Path) -> None:
 def test_an_unknown_function_is_refused_in_one_line(target: Path) -> None:
     with pytest.raises(TargetError, match=r"has no function Manager\.nope"):
         measure([Scope(str(target), "v1/worker/target.py", ("Manager.nope",))])
+
+
+def test_a_methods_scope_follows_its_self_and_module_calls(tmp_path: Path) -> None:
+    path = tmp_path / "dispatch.py"
+    path.write_text(
+        "def helper(x):\n    return deeper(x)\n\n\ndef deeper(x):\n    return x\n\n\n"
+        "def unused():\n    return 0\n\n\n"
+        "class Manager:\n"
+        "    def dispatch(self, n):\n        return self._pick(n) + helper(n)\n\n"
+        "    def _pick(self, n):\n        return self._last(n)\n\n"
+        "    def _last(self, n):\n        return n\n\n"
+        "    def capture(self):\n        return 1\n"
+    )
+    # Breadth first through each body, then on to what each callee calls.
+    assert self_calls(str(path), "Manager.dispatch") == (
+        "Manager.dispatch",
+        "helper",
+        "Manager._pick",
+        "deeper",
+        "Manager._last",
+    )
+    with pytest.raises(TargetError, match=r"has no Manager\.nope"):
+        self_calls(str(path), "Manager.nope")

@@ -170,28 +170,36 @@ def _functions(body: list[ast.stmt], prefix: str) -> Iterator[Function]:
 
 
 def self_calls(path: str, qualname: str) -> tuple[str, ...]:
-    """``qualname`` (``Class.method``) and every method of its class it calls
-    on ``self``, transitively, in the order first reached: the code one call
-    of the method can run in its own file."""
+    """``qualname`` (``Class.method``) and what one call of it can run in its
+    own file: the methods of its class it calls on ``self`` and the file's
+    module-level functions it calls by name, transitively, in the order first
+    reached."""
     tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-    class_name, _, method = qualname.rpartition(".")
-    methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    class_name = qualname.rpartition(".")[0]
+    Def = ast.FunctionDef | ast.AsyncFunctionDef
+    #: Qualified name -> definition, for the class's methods and the module's functions.
+    known: dict[str, Def] = {}
     for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            known[node.name] = node
+        elif isinstance(node, ast.ClassDef) and node.name == class_name:
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    methods[item.name] = item
-    if method not in methods:
+                    known[f"{class_name}.{item.name}"] = item
+    if qualname not in known:
         raise TargetError(f"target coverage: {Path(path).name} has no {qualname}")
-    order = [method]
+    order = [qualname]
     for name in order:  # grows while walked
-        for inner in ast.walk(methods[name]):
+        for inner in ast.walk(known[name]):
+            called = None
             if (
                 isinstance(inner, ast.Attribute)
                 and isinstance(inner.value, ast.Name)
                 and inner.value.id == "self"
-                and inner.attr in methods
-                and inner.attr not in order
             ):
-                order.append(inner.attr)
-    return tuple(f"{class_name}.{name}" for name in order)
+                called = f"{class_name}.{inner.attr}"
+            elif isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name):
+                called = inner.func.id
+            if called in known and called not in order:
+                order.append(called)
+    return tuple(order)

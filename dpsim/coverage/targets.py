@@ -4,7 +4,8 @@ The sync lane's target is the sync function's own file (every function of
 V2's ``v1/worker/gpu/dp_utils.py`` or V1's ``v1/worker/dp_utils.py``), the
 dispatch it consults (V2's ``CudaGraphManager.dispatch``, V1's
 ``CudagraphDispatcher.dispatch``, each with the methods of its class it calls
-on ``self``) and, for V1, the caller method dpsim runs for real
+on ``self`` and the functions of its file it calls by name) and, for V1, the
+caller method dpsim runs for real
 (``GPUModelRunner._determine_batch_execution_and_padding`` and the methods it
 calls, as :mod:`dpsim.targets.v1.caller` cut them out). Support files dpsim
 executes only to borrow a definition (``compilation.py``, ``math_utils.py``)
