@@ -30,8 +30,8 @@ def test_check_takes_a_lane_and_defaults_to_sync() -> None:
     ("arguments", "says"),
     [
         (
-            ["check", "--lane", "runner", "--runner", "v1", "--vllm", "0.20.0"],
-            "runner lane (V1 runner): vLLM 0.20.0 cannot be driven",
+            ["check", "--lane", "runner", "--runner", "v1", "--vllm", "0.11.1"],
+            "runner lane (V1 runner): vLLM 0.11.1 cannot be driven",
         ),
         (
             ["check", "--lane", "runner", "--runner", "v1", "--caller-file", "x.py"],
