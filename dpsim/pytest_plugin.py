@@ -112,6 +112,7 @@ class _Configured:
 _configured: _Configured | None = None
 #: Each suite test's target coverage, as its child sent it (--dpsim-coverage).
 _coverage_results: list[dict[str, Any]] = []
+_XDIST_KEY = "dpsim_coverage"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -290,9 +291,25 @@ def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
     return code
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under pytest-xdist, a worker hands its tests' coverage to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None and _coverage_results:
+        output[_XDIST_KEY] = json.dumps(_coverage_results)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """The controller: what a pytest-xdist worker measured (see above)."""
+    sent = getattr(node, "workeroutput", {}).get(_XDIST_KEY)
+    if sent:
+        _coverage_results.extend(json.loads(sent))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """--dpsim-coverage: the suite's target coverage, every test's merged."""
-    if not _coverage_results:
+    """--dpsim-coverage: the suite's target coverage, every test's merged
+    (printed and written once, by the controller under pytest-xdist)."""
+    if not _coverage_results or hasattr(terminalreporter.config, "workerinput"):
         return
     options = suite_options()
     title = options.vllm or options.target or "the default release"

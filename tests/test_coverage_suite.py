@@ -63,7 +63,8 @@ def test_the_plugin_prints_and_writes_the_suites_coverage(tmp_path: Path) -> Non
     completed = subprocess.run(
         [
             *(sys.executable, "-m", "pytest", "--pyargs", "dpsim.suite"),
-            *("-p", "no:cacheprovider", "-q", "-k", "profile"),
+            # Two xdist workers: their coverage reaches the controller.
+            *("-p", "no:cacheprovider", "-q", "-n", "2", "-k", "profile or step"),
             *("--dpsim-vllm", "0.33.0", "--dpsim-examples", "3"),
             *("--dpsim-out", str(out), "--dpsim-coverage"),
         ],
@@ -79,7 +80,7 @@ def test_the_plugin_prints_and_writes_the_suites_coverage(tmp_path: Path) -> Non
     data = json.loads((out / "coverage" / "coverage.json").read_text())
     assert data["files"][0]["file"] == "v1/worker/gpu/dp_utils.py"
     assert data["files"][0]["lines_executed"] > 0
-    assert [item["scenario"] for item in data["contexts"]] == ["profile"]
+    assert sorted(item["scenario"] for item in data["contexts"]) == ["profile", "step"]
     assert (out / "coverage" / "index.html").is_file()
 
 
