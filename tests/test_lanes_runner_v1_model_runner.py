@@ -17,15 +17,21 @@ from typing import Any
 import pytest
 from test_lanes_runner_worker import OPTIONS, PIECEWISE, Steps, _collectives, _idle
 
+from dpsim.lanes.runner.case import RunnerCase
+from dpsim.lanes.runner.run import default_builders, run_runner_case
 from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
 from dpsim.lanes.runner.strict import collect_gaps
+from dpsim.lanes.runner.syncs import DRAFTER_FORWARD_EVENT
 from dpsim.lanes.runner.v1.model_runner import MODEL_RUNNER_MODULE
 from dpsim.lanes.runner.v1.worker import build_v1_worker
 from dpsim.records.groups import DP_DEVICE_GROUP, EP_GROUP
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.records.sync import SYNC_EVENT
 from dpsim.records.trace import Outcome, SimResult
 from dpsim.sim import simulate
-from dpsim.targets.spec import TargetSpec, TreeSpec
+from dpsim.targets.load import load_spec
+from dpsim.targets.spec import ReleaseSpec, TargetSpec, TreeSpec
 
 pytestmark = pytest.mark.release
 #: The oldest the lane drives, the V2 lane's oldest, and a few on to the newest.
@@ -200,3 +206,64 @@ def test_a_stand_in_asked_what_it_was_not_written_for_is_a_gap(
     )
     assert gaps[0].endswith(" in execute_model")
     assert result.outcome != Outcome.OK
+
+
+def _drafting_case(version: str, kind: str, max_model_len: int) -> SimResult:
+    """A busy rank (a 20-token prompt, then decodes) and an idle one, with
+    ``kind``'s drafter at k = 3, through the whole lane (engine, scheduler)."""
+    k = 3
+    options = EngineOptions(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        speculator=kind,
+        num_speculative_tokens=k,
+        max_model_len=max_model_len,
+    )
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8, 16),
+        cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
+        max_num_seqs=8,
+        decode_query_len=1 + k,
+    )
+    busy = RankStream((RequestScript("a", 0, 20, 6), RequestScript("b", 1, 4, 5)))
+    case = RunnerCase(policy, options, (busy, RankStream()), runner="v1")
+    target = load_spec(TargetSpec(ReleaseSpec(version), runner="v1"))
+    return run_runner_case(target, case, builders=default_builders("v1")).result
+
+
+def _drafter_forwards(result: SimResult, rank: int) -> list[int]:
+    return [
+        e.payload["tokens"]
+        for e in result.ranks[rank].events
+        if e.kind == DRAFTER_FORWARD_EVENT
+    ]
+
+
+@pytest.mark.parametrize("kind", ("eagle", "mtp"))
+@pytest.mark.parametrize("version", ("0.21.0", "0.33.0"))
+def test_a_drafting_rank_and_an_idle_one_draft_in_step(version: str, kind: str) -> None:
+    result = _drafting_case(version, kind, max_model_len=256)
+    assert result.outcome == Outcome.OK, result.ranks
+    busy, idle = _syncs(result, 0), _syncs(result, 1)
+    assert [s["phase"] for s in busy] == [s["phase"] for s in idle]
+    assert "iter 2 drafter prefill" in [s["phase"] for s in busy]
+    assert [s["agreement"] for s in busy] == [s["agreement"] for s in idle]
+    # The idle rank's dummy drafter forwards as often as the busy one's.
+    assert len(_drafter_forwards(result, 0)) == len(_drafter_forwards(result, 1))
+
+
+@pytest.mark.parametrize(
+    ("version", "outcome"), [("0.21.0", Outcome.HANG), ("0.26.0", Outcome.OK)]
+)
+def test_a_rank_whose_batch_does_not_fit_the_drafter(
+    version: str, outcome: Outcome
+) -> None:
+    # The busy rank's request nears max_model_len: the real fit check in
+    # sample_tokens skips its drafter. Up to 0.24 nothing else runs, so the
+    # idle rank's dummy drafter waits for it; 0.25 added a dummy drafter run
+    # under DP for this rank ("Prevent hang when DP ranks disagree on
+    # input_fits_in_drafter").
+    result = _drafting_case(version, "eagle", max_model_len=27)
+    assert result.outcome == outcome, result.ranks
+    if outcome == Outcome.HANG:
+        assert len(_drafter_forwards(result, 0)) < len(_drafter_forwards(result, 1))

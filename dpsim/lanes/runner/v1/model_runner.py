@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from dpsim.errors import TargetError, UsageError
-from dpsim.lanes.runner.extract import class_methods, class_node, real_class
+from dpsim.lanes.runner.extract import class_methods, class_node, real_class, supply
 from dpsim.lanes.runner.forward import FakeModel, ForwardContexts
 from dpsim.lanes.runner.model_runner import (
     VOCAB_SIZE,
@@ -82,8 +82,15 @@ MODEL_RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 OUTPUTS_MODULE = "vllm.v1.outputs"
 UBATCH_MODULE = "vllm.v1.worker.ubatch_utils"
 MATH_MODULE = "vllm.utils.math_utils"
+SPEC_METADATA_MODULE = "vllm.v1.spec_decode.metadata"
 #: The files this module reads (in :data:`~dpsim.lanes.runner.sources.V1_RUNNER_LANE_MODULES`).
-MODULES = (MODEL_RUNNER_MODULE, OUTPUTS_MODULE, UBATCH_MODULE, MATH_MODULE)
+MODULES = (
+    MODEL_RUNNER_MODULE,
+    OUTPUTS_MODULE,
+    UBATCH_MODULE,
+    MATH_MODULE,
+    SPEC_METADATA_MODULE,
+)
 
 CALLER = "_determine_batch_execution_and_padding"
 #: GPUModelRunner methods run for real: the first ones must be there; the
@@ -101,10 +108,14 @@ RUN_FOR_REAL = (
     "_prepare_padding_mask",
     "_get_cumsum_and_arange",
     "maybe_randomize_inputs",
-    "_get_draft_token_ids_cpu",
     "_pad_for_sequence_parallelism",
     # 0.29-0.32: None while routed experts are not captured (off).
     "get_routed_experts",
+    # Speculative decoding: the drafter's inputs and its call.
+    "propose_draft_token_ids",
+    "_calc_spec_decode_metadata",
+    "_get_positions",
+    "get_model",
 )
 #: What the runner's real methods are given in place of vLLM's, and why.
 STOOD_IN: dict[str, str] = {
@@ -133,6 +144,22 @@ OFF_IN_SOME_RELEASES: dict[str, Any] = {
     # Up to 0.18: the async output's copy stream (no CUDA stream here).
     "async_output_copy_stream": None,
 }
+#: Classes vLLM's runner tests its model or drafter against that the lane's
+#: never are (the EAGLE drafter's class is supplied when a drafter is built).
+NEVER_INSTANCES = (
+    "CUDAGraphWrapper",
+    "UBatchWrapper",
+    "BreakableCUDAGraphWrapper",
+    "EagleProposer",
+    "DFlashProposer",
+    "DraftModelProposer",
+    "ExtractHiddenStatesProposer",
+    "Gemma4Proposer",
+    "NgramProposer",
+    "NgramProposerGPU",
+    "SuffixDecodingProposer",
+    "MedusaProposer",
+)
 #: Stood-in methods whose result tuple's length differs across releases,
 #: read off the release's own return annotation (``tuple[...]``).
 VARYING_RESULTS = ("_prepare_inputs", "_bookkeeping_sync")
@@ -177,10 +204,7 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         )
     api = target.api
     assert isinstance(api, V1API)
-    modules = {
-        name: sources.load_module(name, lenient=True)
-        for name in (OUTPUTS_MODULE, UBATCH_MODULE, MATH_MODULE)
-    }
+    modules = {name: sources.load_module(name, lenient=True) for name in MODULES[1:]}
     version = sources.version
     outputs = modules[OUTPUTS_MODULE]
     forward_context = target.forward_context  # type: ignore[attr-defined]
@@ -223,10 +247,13 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         # Up to 0.14: a multimodal encoder-only model skips dummy runs; a
         # plain decoder is not one.
         "supports_mm_encoder_only": lambda model: False,
+        # Wrappers and drafters the lane's model and drafter are not.
+        **dict.fromkeys(NEVER_INSTANCES, _NeverInstance),
     }
     for module, name in (
         (modules[UBATCH_MODULE], "maybe_create_ubatch_slices"),
         (modules[MATH_MODULE], "cdiv"),
+        (modules[SPEC_METADATA_MODULE], "SpecDecodeMetadata"),
     ):
         value = module.__dict__.get(name)
         if value is not None and not _stub(value):
@@ -331,6 +358,10 @@ def _execute_model_state(*fields: Any) -> tuple[Any, ...]:
     return tuple(fields)
 
 
+class _NeverInstance:
+    """A class nothing the lane hands vLLM is an instance of."""
+
+
 class _NoCudagraphStat:
     """``CUDAGraphStat``: built only with CUDA-graph metrics on, which are off."""
 
@@ -367,6 +398,7 @@ class PersistentBatch(StrictObject):
         self.lora_id_to_lora_request: dict[int, Any] = {}
         self.vocab_size = vocab_size
         self.num_computed_tokens_cpu = np.zeros(0, dtype=np.int32)
+        self.num_tokens_no_spec = np.zeros(0, dtype=np.int32)
         self.sampling_metadata = standin("SamplingMetadata", output_token_ids=[])
         self.prev_sampled_token_ids: Any = None
         self.block_table = standin(
@@ -390,6 +422,40 @@ class _Request:
 
     num_tokens: int
     num_computed_tokens: int
+
+    def get_token_id(self, index: int) -> int:
+        """Every token of the lane's requests is token 0."""
+        return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """The shape of the step being run: per request, its scheduled tokens,
+    their running sum, and its sequence length after the step."""
+
+    num_scheduled_tokens: np.ndarray
+    cu_num_tokens: np.ndarray
+    seq_lens: np.ndarray
+
+    def common_metadata(self, cls: type) -> Any:
+        """The release's ``CommonAttentionMetadata`` of this step (its
+        required fields; tables and slots zero, no KV cache here)."""
+        num_reqs = len(self.seq_lens)
+        total = int(self.cu_num_tokens[-1])
+        query_start = torch.from_numpy(
+            np.concatenate(([0], self.cu_num_tokens)).astype(np.int32)
+        )
+        return cls(
+            query_start_loc=query_start,
+            query_start_loc_cpu=query_start.clone(),
+            seq_lens=torch.from_numpy(self.seq_lens.astype(np.int32)),
+            num_reqs=num_reqs,
+            num_actual_tokens=total,
+            max_query_len=int(self.num_scheduled_tokens.max()),
+            max_seq_len=int(self.seq_lens.max()),
+            block_table_tensor=torch.zeros(num_reqs, 1, dtype=torch.int32),
+            slot_mapping=torch.zeros(total, dtype=torch.int64),
+        )
 
 
 class V1RunnerStandIns(StrictObject):
@@ -430,27 +496,30 @@ class V1RunnerStandIns(StrictObject):
     def _prepare_inputs(
         self, scheduler_output: Any, num_scheduled_tokens: np.ndarray
     ) -> tuple[Any, ...]:
-        """The logits rows (each request's last token, plus its drafts' rows)
-        and the maximum number of sampled tokens per request; no spec-decode
-        metadata without drafts."""
+        """The logits rows and spec-decode metadata of the real batch, as
+        the real method makes them (with drafts scheduled, the release's own
+        ``_calc_spec_decode_metadata``), and the maximum number of sampled
+        tokens per request; the batch's shape is kept for the attention
+        metadata (:meth:`_build_attention_metadata`)."""
         runner: Any = self
-        req_ids = runner.input_batch.req_ids
+        batch: PersistentBatch = runner.input_batch
         spec = scheduler_output.scheduled_spec_decode_tokens
-        ends = np.cumsum(num_scheduled_tokens)
-        drafts = [len(spec.get(r, ())) for r in req_ids]
-        rows = np.concatenate(
-            [np.arange(end - 1 - n, end) for end, n in zip(ends, drafts, strict=True)]
+        drafts = np.array([len(spec.get(r, ())) for r in batch.req_ids], dtype=np.int32)
+        cu_num_tokens = np.cumsum(num_scheduled_tokens, dtype=np.int32)
+        computed = np.array(
+            [runner.requests[r].num_computed_tokens for r in batch.req_ids],
+            dtype=np.int32,
         )
-        if any(drafts):
-            raise gap(
-                "GPUModelRunner._prepare_inputs with scheduled drafts "
-                "(spec-decode metadata is not modelled yet)"
-            )
-        runner._dpsim_max_seq_len = max(
-            int(runner.requests[r].num_computed_tokens + n)
-            for r, n in zip(req_ids, num_scheduled_tokens, strict=True)
-        )
-        result = (torch.from_numpy(rows.astype(np.int64)), None, 1 + max(drafts))
+        seq_lens = computed + num_scheduled_tokens.astype(np.int32)
+        batch.num_tokens_no_spec = seq_lens - drafts
+        runner._dpsim_step = _Step(num_scheduled_tokens, cu_num_tokens, seq_lens)
+        if spec:
+            metadata = runner._calc_spec_decode_metadata(drafts, cu_num_tokens)
+            rows = metadata.logits_indices
+        else:
+            metadata = None
+            rows = torch.from_numpy((cu_num_tokens - 1).astype(np.int64))
+        result = (rows, metadata, 1 + int(drafts.max(initial=0)))
         # Before 0.28: no maximum of sampled tokens.
         return result[: runner._dpsim_kit.result_sizes["_prepare_inputs"]]
 
@@ -458,17 +527,15 @@ class V1RunnerStandIns(StrictObject):
         """No KV cache layers: no slot mappings."""
         return None, None
 
-    def _build_attention_metadata(self, **kwargs: Any) -> tuple[dict[str, Any], Any]:
-        """No attention layers: empty metadata; the common metadata a drafter
-        reads keeps the batch's maximum sequence length (the fit check)."""
+    def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """No attention layers: empty metadata. With a drafter, the common
+        metadata it reads is the release's own ``CommonAttentionMetadata``
+        of the step's batch (its sequence lengths: the drafter fit check)."""
         runner: Any = self
-        common = standin(
-            "CommonAttentionMetadata",
-            max_seq_len=runner._dpsim_max_seq_len,
-            num_reqs=kwargs.get("num_reqs"),
-            num_actual_tokens=kwargs.get("num_tokens"),
-        )
-        return {}, common
+        step: _Step | None = runner._dpsim_step
+        if runner.drafter is None or step is None:
+            return {}, None
+        return {}, step.common_metadata(runner._dpsim_common_metadata)
 
     def _preprocess(
         self, scheduler_output: Any, num_input_tokens: int, intermediate_tensors: Any
@@ -489,14 +556,51 @@ class V1RunnerStandIns(StrictObject):
         return {}
 
     def _sample(self, logits: Any, spec_decode_metadata: Any) -> Any:
-        """One sampled token (id 0) per request: the modelled scheduler
-        decides acceptance itself."""
+        """One sampled token (id 0) per request, its drafts' places rejected
+        (-1) as the rejection sampler's rows have them: the modelled
+        scheduler decides acceptance itself."""
         num_reqs = self.input_batch.num_reqs
+        width = 1
+        if spec_decode_metadata is not None:
+            width += max(spec_decode_metadata.num_draft_tokens, default=0)
+        sampled = torch.full((num_reqs, width), -1, dtype=torch.int64)
+        sampled[:, 0] = 0
         return standin(
-            "SamplerOutput",
-            sampled_token_ids=torch.zeros(num_reqs, 1, dtype=torch.int64),
-            logprobs_tensors=None,
+            "SamplerOutput", sampled_token_ids=sampled, logprobs_tensors=None
         )
+
+    def _copy_draft_token_ids_to_cpu(
+        self, scheduler_output: Any, zeros_only: bool = False
+    ) -> None:
+        """The drafts' device-to-host copy, done at once; as the real one,
+        skipped under async scheduling when no sampling parameter needs them."""
+        runner: Any = self
+        drafts = runner._draft_token_ids
+        if torch.is_tensor(drafts):
+            runner.prev_num_spec_tokens = drafts.shape[1]
+        if runner.use_async_scheduling and not (
+            scheduler_output.has_structured_output_requests
+            or runner.input_batch.sampling_metadata.output_token_ids
+        ):
+            return
+        runner._draft_token_req_ids = list(runner.input_batch.req_ids)
+        if torch.is_tensor(drafts):
+            runner._dpsim_drafts_cpu = (
+                torch.zeros_like(drafts) if zeros_only else drafts.clone()
+            )
+
+    def _get_draft_token_ids_cpu(self) -> tuple[list[list[int]], list[str]]:
+        runner: Any = self
+        if isinstance(runner._draft_token_ids, list):
+            return runner._draft_token_ids, runner.input_batch.req_ids
+        req_ids = runner._draft_token_req_ids
+        if req_ids is None:
+            return [], []
+        return runner._dpsim_drafts_cpu[: len(req_ids)].tolist(), req_ids
+
+    def _copy_valid_sampled_token_count(self, *args: Any) -> None:
+        """The valid-count device-to-host copy under async scheduling: read
+        back only by the bookkeeping, which is stood in for."""
 
     def _update_states_after_model_execute(self, *args: Any) -> None:
         """Hybrid (Mamba) models' accepted-token bookkeeping: not such a model."""
@@ -650,13 +754,19 @@ def build_v1_model_runner(
         for name, value in OFF_IN_SOME_RELEASES.items()
         if name in kit.assigned
     }
+    speculative = _speculative(sources, options, kit, drafter)
+    per_release.update(
+        (name, value)
+        for name, value in speculative.items()
+        if name in kit.assigned and name not in _SPECULATIVE_ALWAYS
+    )
     return instance(
         kit.runner_class,
         **per_release,
         _dpsim_syncs=rank_kit.recorder,
         _dpsim_kit=kit,
         _dpsim_positions=positions,
-        _dpsim_max_seq_len=0,
+        _dpsim_step=None,
         vllm_config=vllm_config,
         parallel_config=parallel_config,
         compilation_config=compilation_config,
@@ -669,8 +779,9 @@ def build_v1_model_runner(
         cache_config=standin(
             "CacheConfig", kv_sharing_fast_prefill=False, mamba_cache_mode="none"
         ),
-        speculative_config=None,
+        speculative_config=speculative["speculative_config"],
         drafter=drafter,
+        _dpsim_common_metadata=speculative["common_metadata"],
         lora_config=None,
         device=torch.device("cpu"),
         max_model_len=options.max_model_len,
@@ -707,6 +818,60 @@ def build_v1_model_runner(
     )
 
 
+#: What :func:`_speculative` gives every release's runner (the rest only
+#: where the release assigns it).
+_SPECULATIVE_ALWAYS = frozenset({"speculative_config", "common_metadata"})
+
+
+def _speculative(
+    sources: RunnerSources, options: EngineOptions, kit: V1RunnerKit, drafter: Any
+) -> dict[str, Any]:
+    """The runner's speculative-decoding settings for ``drafter`` (B's real
+    ``EagleProposer``, or None): its config, the drafter fit check's limit,
+    the async valid-count event, the scratch arrays, and the release's
+    ``CommonAttentionMetadata`` class the drafter reads."""
+    if drafter is None:
+        return {"speculative_config": None, "common_metadata": None}
+    from dpsim.lanes.runner.v1.proposer import (
+        common_attn_metadata_class,
+        v1_proposer_class,
+    )
+
+    target = sources.target
+    supply(kit.runner_class, EagleProposer=v1_proposer_class(sources, target))
+    method = options.speculator
+    config = standin(
+        "SpeculativeConfig",
+        method=method,
+        num_speculative_tokens=options.num_speculative_tokens,
+        # EAGLE and MTP drafters are "eagle" drafters to the runner.
+        use_eagle=lambda: True,
+        use_dflash=lambda: False,
+        uses_draft_model=lambda: False,
+        uses_extract_hidden_states=lambda: False,
+        use_ngram_gpu=lambda: False,
+        disable_padded_drafter_batch=False,
+        enforce_eager=False,
+        # The drafter is the target model's own: the same length limit.
+        draft_model_config=standin(
+            "ModelConfig (the drafter's)", max_model_len=options.max_model_len
+        ),
+    )
+    event = (
+        standin("torch.Event", record=_ignore, synchronize=_ignore)
+        if options.async_scheduling
+        else None
+    )
+    scratch = max(options.max_num_batched_tokens, options.max_num_seqs) + 1
+    return {
+        "speculative_config": config,
+        "common_metadata": common_attn_metadata_class(sources, target),
+        "effective_drafter_max_model_len": options.max_model_len,
+        "valid_sampled_token_count_event": event,
+        "_arange_scratch": np.empty(scratch, dtype=np.int64),
+    }
+
+
 class _CopiedBuffer(_Buffer):
     """A ``CpuGpuBuffer`` whose host-to-device copy is the same array."""
 
@@ -731,6 +896,7 @@ def _host_buffers(
         "optimistic_seq_lens_cpu": torch.zeros(max_num_reqs, dtype=torch.int32),
         "query_pos": torch.zeros(max_num_tokens, dtype=torch.int64),
         "query_start_loc": torch.zeros(max_num_reqs + 1, dtype=torch.int32),
+        "discard_request_mask": torch.zeros(max_num_reqs, dtype=torch.bool),
     }
     return {
         name: _CopiedBuffer(value) if name in kit.buffers else value
