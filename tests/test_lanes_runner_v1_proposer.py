@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpsim.errors import UsageError
+from dpsim.errors import TargetError, UsageError
 from dpsim.lanes.runner.forward import HIDDEN_SIZE, ForwardContexts
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions
@@ -138,6 +138,43 @@ def test_no_drafter_is_none_and_unknown_or_mismatched_ones_are_refused() -> None
             2,
             kit,
         )
+
+
+def test_a_drafter_that_does_not_coordinate_across_dp_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Before 0.12 the drafter had neither caller of the sync (a file
+    written here, not vLLM's): one line naming both."""
+    eagle = tmp_path / "eagle.py"
+    eagle.write_text("class EagleProposer:\n    def propose(self):\n        pass\n")
+    sources: Any = types.SimpleNamespace(file_of=lambda module: None)
+    with pytest.raises(TargetError, match="neither _determine_batch_execution_and_"):
+        proposer._check_dp_caller(sources, eagle, "0.11.2")
+    eagle.write_text("class EagleProposer:\n    def _pad_batch_across_dp(self):\n")
+    proposer._check_dp_caller(sources, eagle, "0.12.0")  # no refusal
+
+
+def test_the_draft_model_returns_a_pair_where_the_real_one_does() -> None:
+    contexts = ForwardContexts()
+    model = proposer._DraftModel(contexts, 8, extra_inputs=("hidden_states",))
+    config = types.SimpleNamespace(
+        parallel_config=types.SimpleNamespace(data_parallel_size=1)
+    )
+    positions = torch.zeros(2, dtype=torch.int64)
+    shapes: list[Any] = []
+
+    def program(rank: int) -> None:
+        for pair in (False, True):
+            model.returns_tuple = pair
+            with contexts.set_forward_context(None, config, num_tokens=2):
+                out = model(positions=positions, hidden_states=torch.zeros(2, 4))
+            shapes.append([tuple(t.shape) for t in out] if pair else tuple(out.shape))
+
+    assert simulate(program, ranks=1).outcome == Outcome.OK
+    assert shapes == [(2, HIDDEN_SIZE), [(2, HIDDEN_SIZE), (2, HIDDEN_SIZE)]]
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        model(positions=positions)  # outside any forward context
+    assert len(gaps) == 1 and gaps[0].startswith("model called outside")
 
 
 # -- release-marked: propose on a busy rank, dummy_run on an idle one ---------
