@@ -206,4 +206,4 @@ def test_runner_lane_fuzz_refuses_the_sync_lanes_options(
     # A release the lane does not drive: refused in one line, before a fetch.
     assert main(["fuzz", "--lane", "runner", "--vllm", "0.20.0", "--for", "1s"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "sync_dp_state" in err
+    assert err.count("\n") == 1 and "sort_batch_req_ids" in err

@@ -18,7 +18,7 @@ from dpsim.lanes.runner.sources import (
     wheel_prefixes,
 )
 from dpsim.targets import cache as cache_module
-from dpsim.targets.spec import ReleaseSpec, TargetSpec, TreeSpec
+from dpsim.targets.spec import TargetSpec, TreeSpec
 
 
 @pytest.fixture
