@@ -20,13 +20,19 @@ from pathlib import Path
 
 import pytest
 
+from dpsim.lanes.runner.case import RunnerCase
 from dpsim.lanes.runner.check import (
     DEFAULT_RUNNER_EXAMPLES,
     RunnerCheckOptions,
     RunnerCheckReport,
     run_runner_check,
 )
+from dpsim.lanes.runner.run import RunnerResult, run_runner_case
 from dpsim.lanes.runner.sources import RunnerSources
+from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
+from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
+from dpsim.records.policy import CapturePolicy, CudagraphMode
+from dpsim.records.trace import Outcome
 from dpsim.targets import load_target
 from dpsim.targets.spec import TargetSpec, TreeSpec
 
@@ -231,3 +237,141 @@ def test_a_planted_caller_bug_without_a_drafter_is_found_within_the_budget(
     assert report.finding is not None, f"{name} not found in {cases} cases"
     assert report.finding.primary.property == found
     assert report.examples <= DEFAULT_RUNNER_EXAMPLES
+
+
+#: (plant, seed, examples): drafter plants on 0.33.0, each found by the
+#: seeded search within the default budget (the first case found is 20th
+#: or earlier; with this budget, the 5th).
+FOUND_DRAFTER = (
+    ("eagle-dummy-one-forward", 0, 20),
+    ("skip-drafter-near-max", 0, 20),
+)
+#: What a drafter's missing or extra collective shows as first: a rank left
+#: waiting (``no-hang``), the forward counts (``drafter-forwards``) or a rank
+#: that read a peer's sync as its own and raised (``no-error``).
+DESYNC = {"no-hang", "drafter-forwards", "no-error"}
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("name", "seed", "cases"), FOUND_DRAFTER)
+def test_a_planted_drafter_bug_is_found_within_the_budget(
+    name: str, seed: int, cases: int, tmp_path: Path
+) -> None:
+    tree = planted_tree("0.33.0", PLANTS[name], tmp_path)
+    report = _check(tree, examples=cases, seed=seed)
+    assert report.finding is not None, f"{name} not found in {cases} cases"
+    assert report.finding.primary.property in DESYNC
+    assert report.finding.case.options.speculator is not None
+
+
+def _one_busy_rank(
+    policy: CapturePolicy, options: EngineOptions, request: RequestScript
+) -> RunnerCase:
+    """Two ranks: rank 0 idle (the engine's dummy batches), rank 1 one request."""
+    return RunnerCase(
+        policy,
+        options,
+        (RankStream(), RankStream((request,))),
+        seed=0,
+        runner="v1",
+    )
+
+
+#: 40589's case: rank 1's request (9 + 5 tokens) comes within k = 2 of
+#: max_model_len 16, so its fit check fails while the idle rank drafts.
+NEAR_MAX = _one_busy_rank(
+    CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode=CudagraphMode.PIECEWISE,
+        max_num_seqs=1,
+        decode_query_len=3,
+    ),
+    EngineOptions(
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="eagle",
+        num_speculative_tokens=2,
+    ),
+    RequestScript("r1-0", 0, 9, 5),
+)
+
+
+def _verdicts(version: str, case: RunnerCase) -> tuple[RunnerResult, list[str]]:
+    run = run_runner_case(load_target(version, runner="v1"), case)
+    verdicts = judge(case, run.result, RUNNER_LANE_PROPERTIES.values())
+    return run, [verdict.property for verdict in verdicts]
+
+
+@pytest.mark.release
+def test_a_rank_skipping_its_drafter_near_max_model_len_hangs_before_0_25() -> None:
+    """vLLM 40589 on the release's own code: before 0.25 a rank whose longest
+    request does not fit the drafter skips ``propose`` altogether
+    (``input_fits_in_drafter``) while its idle peer's dummy run drafts; 0.25
+    runs ``drafter.dummy_run(num_tokens=1)`` there instead."""
+    run, found = _verdicts("0.24.0", NEAR_MAX)
+    assert run.result.outcome == Outcome.HANG
+    assert "no-hang" in found
+    # The idle rank waits in its drafter's own DP sync.
+    assert any(
+        "in _determine_batch_execution_and_padding" in line and "spec_decode" in line
+        for line in run.stood_at[0]
+    )
+    run, found = _verdicts("0.25.0", NEAR_MAX)
+    assert run.result.outcome == Outcome.OK
+    assert found == []
+
+
+@pytest.mark.release
+def test_the_plant_re_introducing_40589_hangs_the_same_case(tmp_path: Path) -> None:
+    tree = planted_tree("0.33.0", PLANTS["skip-drafter-near-max"], tmp_path)
+    run, found = _verdicts(str(tree), NEAR_MAX)
+    assert run.result.outcome == Outcome.HANG
+    assert "no-hang" in found
+    run, found = _verdicts("0.33.0", NEAR_MAX)
+    assert run.result.outcome == Outcome.OK
+    assert found == []
+
+
+#: An idle rank beside one decode under FULL graphs with EAGLE k = 1.
+IDLE_DUMMY_UNDER_FULL = _one_busy_rank(
+    CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode=CudagraphMode.FULL,
+        max_num_seqs=1,
+        decode_query_len=2,
+    ),
+    EngineOptions(
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="eagle",
+        num_speculative_tokens=1,
+    ),
+    RequestScript("r1-0", 0, 1, 1),
+)
+
+
+@pytest.mark.release
+def test_an_idle_ranks_one_token_dummy_trips_the_dispatcher_before_0_18() -> None:
+    """Finding (examined on the code): the engine's ``execute_dummy_batch``
+    runs ``_dummy_run(1, uniform_decode=True)`` (0.12-0.18), one request of
+    one token called a uniform decode where decodes are 1 + k; under FULL
+    graphs the dispatcher pads it as a uniform decode and asserts the padded
+    size is a multiple of 1 + k, so the idle rank raises while its busy peer
+    waits in the target's DP sync. 0.19's ``execute_dummy_batch`` passes
+    ``uniform_decode_query_len`` tokens instead (0.21 holds below: 0.14-0.19's
+    drafters launch a triton kernel the lane does not stand in for)."""
+    run, found = _verdicts("0.12.0", IDLE_DUMMY_UNDER_FULL)
+    assert found[0] == "no-error"
+    error = run.result.ranks[0].error
+    assert error is not None and error.type == "AssertionError"
+    assert error.where.startswith("cudagraph_dispatcher.py:")
+    assert error.where.endswith(" in _create_padded_batch_descriptor")
+    # Its busy peer waits in the caller method's real DP sync.
+    assert any(
+        "in _determine_batch_execution_and_padding" in line for line in run.stood_at[1]
+    )
+    run, found = _verdicts("0.21.0", IDLE_DUMMY_UNDER_FULL)
+    assert run.result.outcome == Outcome.OK
+    assert found == []
