@@ -8,7 +8,7 @@ import pytest
 
 from dpsim.coverage import measure
 from dpsim.coverage.render import render_text
-from dpsim.coverage.targets import runner_lane_scopes
+from dpsim.coverage.targets import runner_lane_scopes, scopes_for
 from dpsim.lanes.runner.check import (
     COVERAGE_CONTEXT,
     RunnerCheckOptions,
@@ -25,6 +25,9 @@ def test_the_runner_lanes_real_methods_are_measured(release: Any) -> None:
     run_runner_check(target, options)
     result = measurement.result(target.version)
     files = {file.display: file for file in result.files}
+    # In a fixed order (lane_origins' is not, from one process to the next).
+    lane_files = list(files)[: -len(scopes_for(target))]
+    assert lane_files == sorted(lane_files)
     core = files["v1/engine/core.py"]
     assert core.scope.functions is not None
     assert "DPEngineCoreProc.run_busy_loop" in core.scope.functions

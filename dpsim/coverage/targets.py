@@ -77,13 +77,19 @@ def runner_lane_scopes(target: Any) -> tuple[Scope, ...]:
     (the lane runs the release's own sync functions too)."""
     from dpsim.lanes.runner.report import lane_origins
 
+    # Sorted: lane_origins' order is not the same from one process to the
+    # next (the V2 speculators' classes come from a set), a report's must be.
+    origins = sorted(
+        lane_origins(target),
+        key=lambda origin: (display_name(Path(origin.path)), origin.class_name),
+    )
     scopes = [
         Scope(
             str(origin.path),
             display_name(Path(origin.path)),
             tuple(f"{origin.class_name}.{method}" for method in origin.methods),
         )
-        for origin in lane_origins(target)
+        for origin in origins
         # A class rebuilt over its real base with no method of its own
         # (V1's EagleProposer) runs nothing of its file.
         if origin.methods
