@@ -148,7 +148,9 @@ def _v2_classes(sources: Any, target: Target) -> list[type]:
     classes: list[type] = [runner_kit(sources, target).runner_class]
     try:
         speculators = speculator_classes(sources, target)
-        classes.extend({speculators.draft_model, *speculators.kinds.values()})
+        classes.extend(
+            dict.fromkeys((speculators.draft_model, *speculators.kinds.values()))
+        )
     except TargetError:
         pass  # a release without them: its cases say so
     return classes
