@@ -267,3 +267,32 @@ def test_a_rank_whose_batch_does_not_fit_the_drafter(
     assert result.outcome == outcome, result.ranks
     if outcome == Outcome.HANG:
         assert len(_drafter_forwards(result, 0)) < len(_drafter_forwards(result, 1))
+
+
+#: _dummy_run's forward context, given the agreed counts.
+DUMMY_COUNTS = (
+    "                    num_tokens_across_dp=num_tokens_across_dp,\n"
+    "                    cudagraph_runtime_mode=cudagraph_runtime_mode,"
+)
+
+
+@pytest.mark.parametrize("version", ("0.12.0", "0.33.0"))
+def test_a_forward_context_without_the_agreed_counts_coordinates_afresh(
+    version: str, tmp_path: Path
+) -> None:
+    # Bug class of vLLM 56281: a caller under DP that does not pass the
+    # agreed counts makes set_forward_context coordinate again, one more DP
+    # all-reduce that only this rank makes; here the idle rank's dummy run.
+    sources = _planted(
+        tmp_path,
+        version,
+        DUMMY_COUNTS,
+        DUMMY_COUNTS.replace("=num_tokens_across_dp,", "=None,"),
+    )
+    result, gaps = _run(sources, {0: _busy, 1: _idle})
+    assert gaps == []
+    assert result.outcome != Outcome.OK
+    # The extra all-reduce is the release's own sync, on the DP device group.
+    assert len(_collectives(result, 1, DP_DEVICE_GROUP)) > len(
+        _collectives(result, 0, DP_DEVICE_GROUP)
+    )

@@ -49,7 +49,7 @@ import functools
 import inspect
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -209,10 +209,11 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
     outputs = modules[OUTPUTS_MODULE]
     forward_context = target.forward_context  # type: ignore[attr-defined]
     dp_metadata = forward_context.__dict__.get("DPMetadata")
-    contexts = ForwardContexts(
-        None if dp_metadata is None or _stub(dp_metadata) else dp_metadata.make
-    )
     real_sync = target.dp_utils.__dict__[V1_ENTRY]
+    contexts = V1ForwardContexts(
+        None if dp_metadata is None or _stub(dp_metadata) else dp_metadata.make,
+        router(real_sync),
+    )
     model_runner_output = _real(outputs, "ModelRunnerOutput", version)
     globals_: dict[str, Any] = {
         "np": np,
@@ -227,7 +228,7 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
             outputs, "EMPTY_MODEL_RUNNER_OUTPUT", version
         ),
         "DraftTokenIds": _real(outputs, "DraftTokenIds", version),
-        V1_ENTRY: router(real_sync),
+        V1_ENTRY: contexts.coordinate,
         "set_forward_context": contexts.set_forward_context,
         "get_pp_group": get_pp_group,
         "get_tp_group": get_single_rank_group,
@@ -313,6 +314,58 @@ def _result_sizes(path: Path, version: str | None) -> dict[str, int]:
             "can match"
         )
     return sizes
+
+
+class V1ForwardContexts(ForwardContexts):
+    """The lane's per-rank ``set_forward_context`` for the V1 runner, which
+    also does what the release's own does when a caller under DP passes no
+    agreed counts: it coordinates afresh, calling ``coordinate_batch_across_dp``
+    with the rank's parallel config, no microbatching (and, 0.12-0.16, no DP
+    padding), so that all-reduce happens on the simulator's DP group and a
+    rank making it alone is caught (vLLM 56281's class)."""
+
+    def __init__(
+        self,
+        dp_metadata_make: Callable[..., Any] | None,
+        coordinate: Callable[..., Any],
+    ) -> None:
+        super().__init__(dp_metadata_make)
+        #: The module global ``coordinate_batch_across_dp`` of the rebuilt classes.
+        self.coordinate = coordinate
+        self._padding = "allow_dp_padding" in inspect.signature(coordinate).parameters
+
+    @contextlib.contextmanager
+    def set_forward_context(
+        self,
+        attn_metadata: Any,
+        vllm_config: Any,
+        num_tokens: int | None = None,
+        num_tokens_across_dp: torch.Tensor | None = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Iterator[None]:
+        parallel = vllm_config.parallel_config
+        if (
+            num_tokens_across_dp is None
+            and num_tokens is not None
+            and parallel.data_parallel_size > 1
+        ):
+            extra = {"allow_dp_padding": False} if self._padding else {}
+            num_tokens_across_dp = self.coordinate(
+                num_tokens_unpadded=num_tokens,
+                parallel_config=parallel,
+                allow_microbatching=False,
+                **extra,
+            )[1]
+        with super().set_forward_context(
+            attn_metadata,
+            vllm_config,
+            num_tokens,
+            num_tokens_across_dp,
+            *args,
+            **kwargs,
+        ):
+            yield
 
 
 def _stub(value: Any) -> bool:
