@@ -37,7 +37,7 @@ QUICK = Budget(examples=20, ranks=(2, 3), profiles=(), seconds=120)
             "--file model_runner is not a file the V1 runner's lane runs; "
             "expected one of core, gpu_model_runner, eagle, dp_utils",
         ),
-        (["--runner", "v1", "--vllm", "0.20.0"], "cannot be driven"),
+        (["--runner", "v1", "--vllm", "0.11.1"], "cannot be driven"),
         (["--vllm", "0.20.0"], "sort_batch_req_ids"),
         (["--examples", "0"], "--examples must be at least 1"),
     ],
