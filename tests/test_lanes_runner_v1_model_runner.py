@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from test_lanes_runner_worker import OPTIONS, PIECEWISE, Steps, _collectives, _idle
 
+from dpsim.errors import TargetError
 from dpsim.lanes.runner.case import RunnerCase
 from dpsim.lanes.runner.run import default_builders, run_runner_case
 from dpsim.lanes.runner.sources import RunnerSources
@@ -296,3 +297,23 @@ def test_a_forward_context_without_the_agreed_counts_coordinates_afresh(
     assert len(_collectives(result, 1, DP_DEVICE_GROUP)) > len(
         _collectives(result, 0, DP_DEVICE_GROUP)
     )
+
+
+def test_a_gap_in_a_whole_lane_run_refuses_it_in_one_line(tmp_path: Path) -> None:
+    sources = _planted(
+        tmp_path,
+        "0.33.0",
+        "if self.cache_config.kv_sharing_fast_prefill:\n"
+        "                assert not self.num_prompt_logprobs",
+        "if self.cache_config.kv_sharing_fast_prefill_v2:\n"
+        "                assert not self.num_prompt_logprobs",
+    )
+    busy = RankStream((RequestScript("a", 0, 4, 2),))
+    case = RunnerCase(PIECEWISE, OPTIONS, (busy, RankStream()), runner="v1")
+    target = load_spec(TargetSpec(TreeSpec(sources.package_dir), runner="v1"))
+    with pytest.raises(TargetError) as refused:
+        run_runner_case(target, case, builders=default_builders("v1"))
+    said = str(refused.value)
+    assert "\n" not in said
+    assert said.startswith("runner lane cannot drive ")
+    assert "CacheConfig.kv_sharing_fast_prefill_v2 read at " in said
