@@ -199,7 +199,7 @@ def test_runner_lane_fuzz_refuses_the_sync_lanes_options(
     for extra, flag in (
         (["--scenario", "step"], "--scenario"),
         (["--profile", "contract"], "--profile"),
-        (["--runner", "v1"], "--runner v1"),
+        (["--caller-file", "x.py"], "--caller-file"),
     ):
         assert main(["fuzz", "--lane", "runner", "--for", "1s", *extra]) == 2
         assert flag in capsys.readouterr().err
