@@ -16,12 +16,71 @@ from __future__ import annotations
 from .marks import Unreachable
 
 _V2 = "v1/worker/gpu/dp_utils.py"
+_V1 = "v1/worker/dp_utils.py"
+_V1_CALLER = "v1/worker/gpu_model_runner.py"
+_V1_METHOD = "GPUModelRunner._determine_batch_execution_and_padding"
+_V1_DISPATCHER = "v1/cudagraph_dispatcher.py"
 
 #: Why a single DP rank is never simulated by ``check``.
 _ONE_RANK = (
     "one DP rank: check draws 2..16 ranks by default, since a lone rank has "
     "nothing to agree on (`--ranks 1..16`, mutate's default, runs this branch)"
 )
+
+_STOOD_IN_SWITCH = (
+    "dpsim stands in should_skip_dp_coordination with a per-rank switch "
+    "(targets/standins.py) that the scenario programs set for their solo "
+    "syncs: one ContextVar would be shared by every virtual rank"
+)
+_DEVICE_GROUP = (
+    "dpsim's V1 parallel config keeps vLLM's default "
+    "disable_nccl_for_dp_synchronization=False (targets/v1/load.py): the CPU "
+    "path only logs and picks the CPU group for the same all-reduce, which "
+    "the simulator fakes alike"
+)
+_CALLER_GUARDS_DP = (
+    "its only caller, _determine_batch_execution_and_padding, calls it only "
+    "when data_parallel_size > 1"
+)
+_CALLER_PADS = (
+    "its only caller, _determine_batch_execution_and_padding, always passes "
+    "num_tokens_padded (the dispatcher's padded count)"
+)
+_ALWAYS_COUNTS = (
+    "with more than one rank coordinate_batch_across_dp always returns the "
+    "per-rank counts (None only for one rank, which check does not draw)"
+)
+_LORA_SLOTS = (
+    "no batch has more adapters active than max_loras (the LoRA slots), and "
+    "vLLM captures max_loras + 1 as its largest count (targets/v1/dispatcher.py "
+    "lora_settings), so a captured count at least as large always exists"
+)
+_FULL_EVERYWHERE = (
+    "reached only when the agreed mode is FULL and this rank has no FULL key "
+    "at the padded count: every rank voted FULL at its own count, and FULL "
+    "keys are captured for every size x LoRA case (uniform-decode keys for "
+    "every size whole decodes fill), so the padded count, another rank's FULL "
+    "size, has one for this rank too"
+)
+_NO_SP = (
+    "dpsim models one tensor-parallel rank and no sequence parallelism "
+    "(pass_config.enable_sp off): SP only rounds a rank's count up to a "
+    "multiple of the TP size before it is dispatched"
+)
+_NO_METRICS = (
+    "dpsim's modelled V1 config has cudagraph_metrics off "
+    "(targets/v1/caller.py): the stats only describe the padding already "
+    "chosen and decide nothing"
+)
+
+
+def _v1_lines(
+    releases: str, function: str, lines: tuple[str, ...], reason: str
+) -> tuple[Unreachable, ...]:
+    return tuple(
+        Unreachable(releases, _V1, function, line, None, reason) for line in lines
+    )
+
 
 UNREACHABLE: tuple[Unreachable, ...] = (
     Unreachable(
@@ -40,4 +99,140 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         to=None,
         reason=_ONE_RANK,
     ),
+    # -- V1: coordinate_batch_across_dp and its helpers ----------------------
+    *_v1_lines(
+        ">=0.30",
+        "skip_dp_coordination",
+        (
+            "token = _skip_dp_coordination.set(True)",
+            "try:",
+            "yield",
+            "_skip_dp_coordination.reset(token)",
+        ),
+        _STOOD_IN_SWITCH,
+    ),
+    *_v1_lines(
+        ">=0.30",
+        "should_skip_dp_coordination",
+        ("return _skip_dp_coordination.get()",),
+        _STOOD_IN_SWITCH,
+    ),
+    *_v1_lines(
+        ">=0.11",
+        "_get_device_and_group",
+        ("logger.info_once(", 'device = "cpu"', "group = get_dp_group().cpu_group"),
+        _DEVICE_GROUP,
+    ),
+    Unreachable(
+        ">=0.11",
+        _V1,
+        "_get_device_and_group",
+        "if parallel_config.disable_nccl_for_dp_synchronization:",
+        "logger.info_once(",
+        _DEVICE_GROUP,
+    ),
+    Unreachable(
+        ">=0.20",
+        _V1,
+        "coordinate_batch_across_dp",
+        "if parallel_config.data_parallel_size == 1:",
+        "return False, None, cudagraph_mode",
+        _CALLER_GUARDS_DP,
+    ),
+    *_v1_lines(
+        ">=0.20",
+        "coordinate_batch_across_dp",
+        ("return False, None, cudagraph_mode",),
+        _CALLER_GUARDS_DP,
+    ),
+    Unreachable(
+        ">=0.11",
+        _V1,
+        "coordinate_batch_across_dp",
+        "if num_tokens_padded is None:",
+        "num_tokens_padded = num_tokens_unpadded",
+        _CALLER_PADS,
+    ),
+    *_v1_lines(
+        ">=0.11",
+        "coordinate_batch_across_dp",
+        ("num_tokens_padded = num_tokens_unpadded",),
+        _CALLER_PADS,
+    ),
+    # -- V1: the caller method --------------------------------------------------
+    Unreachable(
+        ">=0.20",
+        _V1_CALLER,
+        _V1_METHOD,
+        "if self.vllm_config.parallel_config.data_parallel_size > 1:",
+        "cudagraph_stats = None",
+        _ONE_RANK,
+    ),
+    Unreachable(
+        ">=0.20",
+        _V1_CALLER,
+        _V1_METHOD,
+        "if num_tokens_across_dp is not None:",
+        "cudagraph_stats = None",
+        _ALWAYS_COUNTS,
+    ),
+    Unreachable(
+        ">=0.20",
+        _V1_CALLER,
+        _V1_METHOD,
+        "if self.vllm_config.observability_config.cudagraph_metrics:",
+        "cudagraph_stats = CUDAGraphStat(",
+        _NO_METRICS,
+    ),
+    Unreachable(
+        ">=0.20",
+        _V1_CALLER,
+        _V1_METHOD,
+        "cudagraph_stats = CUDAGraphStat(",
+        None,
+        _NO_METRICS,
+    ),
+    # -- V1: the dispatcher ------------------------------------------------------
+    Unreachable(
+        ">=0.20",
+        _V1_DISPATCHER,
+        "CudagraphDispatcher.dispatch",
+        "if idx < len(self.captured_lora_counts):",
+        "normalized_uniform = uniform_decode and self.cudagraph_mode.separate_routine()",
+        _LORA_SLOTS,
+    ),
+    Unreachable(
+        ">=0.20",
+        _V1_DISPATCHER,
+        "CudagraphDispatcher.dispatch",
+        "if CUDAGraphMode.PIECEWISE in allowed_modes:",
+        "assert CUDAGraphMode.NONE in allowed_modes, (",
+        _FULL_EVERYWHERE,
+    ),
+    # -- V1: sequence parallelism (the caller's padding, 0.20-0.32) -------------
+    Unreachable(
+        ">=0.20,<0.33",
+        _V1_CALLER,
+        "GPUModelRunner._pad_for_sequence_parallelism",
+        "if self.compilation_config.pass_config.enable_sp and tp_size > 1:",
+        "return round_up(num_scheduled_tokens, tp_size)",
+        _NO_SP,
+    ),
+    Unreachable(
+        ">=0.20,<0.33",
+        _V1_CALLER,
+        "GPUModelRunner._pad_for_sequence_parallelism",
+        "return round_up(num_scheduled_tokens, tp_size)",
+        None,
+        _NO_SP,
+    ),
+    Unreachable(
+        ">=0.20,<0.33",
+        _V1_CALLER,
+        _V1_METHOD,
+        "if self.compilation_config.pass_config.enable_sp:",
+        "assert (",
+        _NO_SP,
+    ),
+    Unreachable(">=0.20,<0.33", _V1_CALLER, _V1_METHOD, "assert (", None, _NO_SP),
 )
