@@ -108,6 +108,12 @@ def test_a_kernel_launched_with_arguments_its_stand_in_does_not_take_is_a_gap() 
     )
 
 
+def test_the_block_size_helper_is_the_next_power_of_two() -> None:
+    # triton.next_power_of_2, as eagle.py up to 0.19 sizes its kernels' blocks.
+    sizes = [proposer._next_power_of_2(n) for n in (1, 2, 3, 5, 8, 9)]
+    assert sizes == [1, 2, 4, 8, 8, 16]
+
+
 def test_a_sync_from_a_config_no_rank_owns_is_a_gap() -> None:
     with collect_gaps() as gaps, pytest.raises(ModelGap):
         proposer._route_sync(1, parallel_config=types.SimpleNamespace())
@@ -281,7 +287,7 @@ def test_an_attribute_the_lane_never_set_is_a_gap(version: str, tmp_path: Path) 
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", (*RELEASES, "0.19.1"))
 def test_the_runners_prepare_calls_run_the_real_helpers(version: str) -> None:
     """prepare_next_token_ids_padded and prepare_inputs_padded, as the V1
     runner calls them before propose: the next tokens are each request's
@@ -296,7 +302,7 @@ def test_the_runners_prepare_calls_run_the_real_helpers(version: str) -> None:
     batch = types.SimpleNamespace(
         num_reqs=2,
         req_ids=["a", "b"],
-        num_tokens_no_spec=[5, 7],
+        num_tokens_no_spec=np.array([5, 7]),
         vocab_size=1000,
     )
     sampled = torch.tensor([[11, 12, -1], [-1, -1, -1]], dtype=torch.int32)

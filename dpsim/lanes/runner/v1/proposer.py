@@ -679,6 +679,8 @@ def _globals(
         "eagle_step_update_slot_mapping_and_metadata": _launcher(
             "eagle_step_update_slot_mapping_and_metadata", _step_update
         ),
+        # Up to 0.19 eagle.py sizes its kernels' blocks with triton's helper.
+        "triton": standin("triton", next_power_of_2=_next_power_of_2),
     }
     power = _top_level(utils_path, "next_power_of_2", {})
     if power is not None:
@@ -849,6 +851,12 @@ class _Kernel:
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
         return self._launch
+
+
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2``: the smallest power of two >= ``n`` (a
+    kernel's block size; the kernels' stand-ins do not read it)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
 
 
 def _async_tensor_h2d(data: Any, device: Any = None, *args: Any) -> torch.Tensor:
