@@ -62,3 +62,38 @@ def test_the_min_bound_mutant_is_killed_by_mutate(
     )
     (result,) = report.results
     assert result.outcome.killed and result.outcome.killer == "coverage"
+
+
+#: The sync function's first version, kept beside the repository (never in it).
+SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "dp_utils_seed.py"
+
+
+@pytest.mark.parametrize(
+    ("vllm", "runner", "target_file"),
+    [
+        ("0.33.0", "v2", None),
+        ("0.29.0", "v2", SEED),
+        ("0.33.0", "v1", None),
+    ],
+    ids=["0.33.0", "seed-on-0.29.0", "0.33.0-v1"],
+)
+def test_a_default_contract_check_reaches_every_branch_not_marked_unreachable(
+    vllm: str, runner: str, target_file: Path | None
+) -> None:
+    from dpsim.coverage.measuring import measure
+    from dpsim.coverage.targets import scopes_for
+
+    if target_file is not None and not target_file.exists():
+        pytest.skip(f"no seed file at {target_file}")
+    target = load_target(vllm, target_file, runner)
+    measurement = measure(scopes_for(target))
+    run_check(
+        target, CheckOptions(profile="contract", shrink=False, coverage=measurement)
+    )
+    result = measurement.result(target.version)
+    for file in result.files:
+        data = file.to_json()
+        assert not data["missing_branches"], (file.display, data["missing_branches"])
+        assert not data["missing_lines"], (file.display, data["missing_lines"])
+        # Every mark applies here and still holds.
+        assert not data["stale_marks"] and not data["marked_but_reached"]
