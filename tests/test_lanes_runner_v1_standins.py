@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from dpsim.lanes.runner.strict import ModelGap, collect_gaps
-from dpsim.lanes.runner.v1.standins import PersistentBatch, V1ForwardContexts
+from dpsim.lanes.runner.v1.standins import (
+    PersistentBatch,
+    V1ForwardContexts,
+    _trim_unproposed_drafts,
+)
 from dpsim.lanes.runner.v1.syncs import _inputs, bind, router
 
 
@@ -126,3 +130,17 @@ def test_a_forward_context_without_agreed_counts_coordinates_afresh() -> None:
     ):
         pass
     assert len(calls) == 1
+
+
+def test_unproposed_placeholder_drafts_are_taken_out_as_0_12_does() -> None:
+    output = SimpleNamespace(
+        scheduled_cached_reqs=SimpleNamespace(req_ids=["a", "b", "c"]),
+        scheduled_spec_decode_tokens={"a": [-1, -1], "b": [-1, -1]},
+        num_scheduled_tokens={"a": 3, "b": 3, "c": 1},
+        total_num_scheduled_tokens=7,
+    )
+    # "b" is not in the persistent batch (re-added this step): kept as is.
+    _trim_unproposed_drafts(output, {"a", "c"})
+    assert output.num_scheduled_tokens == {"a": 1, "b": 3, "c": 1}
+    assert output.total_num_scheduled_tokens == 5
+    assert output.scheduled_spec_decode_tokens == {"b": [-1, -1]}

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import dataclasses
 import functools
 import inspect
@@ -199,6 +200,9 @@ class V1RunnerKit:
     assigned: frozenset[str]
     #: How many values each of :data:`VARYING_RESULTS` returns in this release.
     result_sizes: dict[str, int]
+    #: Whether the release's ``_update_states`` takes unproposed placeholder
+    #: drafts out of the scheduler output under async scheduling (0.12-0.13).
+    trims_unproposed_drafts: bool
     #: The runner attributes the release makes CPU/GPU buffers
     #: (``self._make_buffer``: read as ``.np``/``.gpu``); others are tensors.
     buffers: frozenset[str]
@@ -259,6 +263,11 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         # Up to 0.14: a multimodal encoder-only model skips dummy runs; a
         # plain decoder is not one.
         "supports_mm_encoder_only": lambda model: False,
+        # 0.12-0.13 copy the scheduler output before changing it.
+        "deepcopy": copy.deepcopy,
+        "copy": copy.copy,
+        # 0.33 replaces fields of it (n-gram GPU drafting only).
+        "replace": dataclasses.replace,
         # Wrappers and drafters the lane's model and drafter are not.
         **dict.fromkeys(NEVER_INSTANCES, NeverInstance),
     }
@@ -271,6 +280,7 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         if value is not None and not _stub(value):
             globals_[name] = value
     path = sources.path(MODEL_RUNNER_MODULE)
+    text = path.read_text()
     have = set(class_methods(path, "GPUModelRunner", version=version))
     runner_class = real_class(
         path,
@@ -297,10 +307,13 @@ def v1_runner_kit(sources: RunnerSources) -> V1RunnerKit:
         real_sync=real_sync,
         assigned=_assigned(path, "GPUModelRunner"),
         result_sizes=_result_sizes(path, version),
-        buffers=frozenset(_MAKE_BUFFER.findall(path.read_text())),
+        buffers=frozenset(_MAKE_BUFFER.findall(text)),
+        trims_unproposed_drafts=_TRIMS_DRAFTS in text,
     )
 
 
+#: The statement by which 0.12-0.13's ``_update_states`` drops unproposed drafts.
+_TRIMS_DRAFTS = "scheduler_output.total_num_scheduled_tokens -= num_spec_tokens"
 #: ``self.X = self._make_buffer(`` in the runner's ``__init__``.
 _MAKE_BUFFER = re.compile(r"self\.(\w+) = self\._make_buffer\(")
 

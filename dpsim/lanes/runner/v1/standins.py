@@ -166,24 +166,53 @@ class _Step:
     seq_lens: np.ndarray
 
     def common_metadata(self, cls: type) -> Any:
-        """The release's ``CommonAttentionMetadata`` of this step (its
-        required fields; tables and slots zero, no KV cache here)."""
+        """The release's ``CommonAttentionMetadata`` of this step: the fields
+        it requires (tables and slots zero, no KV cache here; a required
+        field not among these is a gap)."""
         num_reqs = len(self.seq_lens)
         total = int(self.cu_num_tokens[-1])
         query_start = torch.from_numpy(
             np.concatenate(([0], self.cu_num_tokens)).astype(np.int32)
         )
-        return cls(
-            query_start_loc=query_start,
-            query_start_loc_cpu=query_start.clone(),
-            seq_lens=torch.from_numpy(self.seq_lens.astype(np.int32)),
-            num_reqs=num_reqs,
-            num_actual_tokens=total,
-            max_query_len=int(self.num_scheduled_tokens.max()),
-            max_seq_len=int(self.seq_lens.max()),
-            block_table_tensor=torch.zeros(num_reqs, 1, dtype=torch.int32),
-            slot_mapping=torch.zeros(total, dtype=torch.int64),
-        )
+        seq_lens = torch.from_numpy(self.seq_lens.astype(np.int32))
+        computed = self.seq_lens - self.num_scheduled_tokens.astype(np.int32)
+        values = {
+            "query_start_loc": query_start,
+            "query_start_loc_cpu": query_start.clone(),
+            "seq_lens": seq_lens,
+            # Up to 0.13: host copies are required fields.
+            "seq_lens_cpu": seq_lens.clone(),
+            "num_computed_tokens_cpu": torch.from_numpy(computed.astype(np.int32)),
+            "num_reqs": num_reqs,
+            "num_actual_tokens": total,
+            "max_query_len": int(self.num_scheduled_tokens.max()),
+            "max_seq_len": int(self.seq_lens.max()),
+            "block_table_tensor": torch.zeros(num_reqs, 1, dtype=torch.int32),
+            "slot_mapping": torch.zeros(total, dtype=torch.int64),
+        }
+        given = {}
+        for field in dataclasses.fields(cls):
+            if field.name in values:
+                given[field.name] = values[field.name]
+            elif (
+                field.default is dataclasses.MISSING
+                and field.default_factory is dataclasses.MISSING
+            ):
+                raise gap(
+                    f"CommonAttentionMetadata requires {field.name}, which the "
+                    "lane's stood-in attention metadata does not give"
+                )
+        return cls(**given)
+
+
+def _trim_unproposed_drafts(scheduler_output: Any, in_batch: set[str]) -> None:
+    spec = scheduler_output.scheduled_spec_decode_tokens
+    for req_id in scheduler_output.scheduled_cached_reqs.req_ids:
+        count = len(spec.get(req_id, ()))
+        if req_id in in_batch and count:
+            scheduler_output.total_num_scheduled_tokens -= count
+            scheduler_output.num_scheduled_tokens[req_id] -= count
+            spec.pop(req_id, None)
 
 
 class V1RunnerStandIns(StrictObject):
@@ -195,9 +224,21 @@ class V1RunnerStandIns(StrictObject):
     def _update_states(self, scheduler_output: Any) -> None:
         """The persistent batch after ``scheduler_output``: finished and
         unscheduled requests out, new ones in, computed tokens as the
-        scheduler says (``CachedRequestData.num_computed_tokens``)."""
+        scheduler says (``CachedRequestData.num_computed_tokens``).
+
+        As 0.12-0.13's real method does under async scheduling, a request
+        still in the batch whose scheduled drafts are placeholders for drafts
+        never proposed (``_draft_token_ids`` None) has them taken out of the
+        scheduler output (its token counts and its draft list)."""
         runner: Any = self
         requests: dict[str, _Request] = runner.requests
+        batch: PersistentBatch = runner.input_batch
+        if (
+            runner._dpsim_kit.trims_unproposed_drafts
+            and runner.use_async_scheduling
+            and runner._draft_token_ids is None
+        ):
+            _trim_unproposed_drafts(scheduler_output, set(batch.req_ids))
         for req_id in scheduler_output.finished_req_ids:
             requests.pop(req_id, None)
         scheduled = scheduler_output.num_scheduled_tokens
@@ -212,7 +253,6 @@ class V1RunnerStandIns(StrictObject):
             request = requests[req_id]
             request.num_computed_tokens = int(computed)
             request.num_tokens = max(request.num_tokens, int(computed))
-        batch: PersistentBatch = runner.input_batch
         kept = [r for r in batch.req_ids if r in scheduled and r in requests]
         added = [r for r in scheduled if r not in kept]
         batch.req_ids = kept + added
