@@ -15,6 +15,7 @@ drafter's): more adapters than that are never active at once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from hypothesis import strategies as st
@@ -42,21 +43,20 @@ def reuse_calls(
     with_bound = "max_query_len" in features
     with_loras = "num_active_loras" in features
 
+    @functools.lru_cache(maxsize=256)
+    def request_counts(own: int, most: int) -> st.SearchStrategy[int]:
+        # Built once per pair: Hypothesis validates a strategy on first draw.
+        return st.one_of(
+            st.just(own), st.sampled_from(sorted({1, most})), st.integers(1, most)
+        )
+
     def one(draw: st.DrawFn, batch: RankBatch) -> ReuseCall:
         # At most one request per real token (of the agreed uniform length,
         # where there is one): the padded count only adds padding. The
         # target's count first: the simplest call is vLLM's own.
         most = min(max_reqs, batch.num_tokens // (batch.uniform_token_count or 1))
         reqs = (
-            draw(
-                st.one_of(
-                    st.just(batch.num_reqs),
-                    st.sampled_from(sorted({1, most})),
-                    st.integers(1, most),
-                )
-            )
-            if most >= 1
-            else batch.num_reqs
+            draw(request_counts(batch.num_reqs, most)) if most >= 1 else batch.num_reqs
         )
         return ReuseCall(
             num_reqs=reqs,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from hypothesis import strategies as st
 
+from dpsim.capture.once import BOOLEANS, ints
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CapturePolicy
 
@@ -47,13 +48,13 @@ def bound_straddles(
     def shape(draw: st.DrawFn, bound: int) -> RankBatch:
         reqs = draw(requests)
         # One request of ``bound`` tokens, the others 1..bound each.
-        tokens = draw(st.integers(reqs - 1 + bound, reqs * bound))
+        tokens = draw(ints(reqs - 1 + bound, reqs * bound))
         return RankBatch(
             num_reqs=reqs,
             num_tokens=tokens,
             max_query_len=bound,
             num_active_loras=draw(loras) if has("num_active_loras") else 0,
-            allow_skip_drafts=has("allow_skip_drafts") and draw(st.booleans()),
+            allow_skip_drafts=has("allow_skip_drafts") and draw(BOOLEANS),
             kind="batch",
         )
 
