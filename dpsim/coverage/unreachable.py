@@ -27,6 +27,11 @@ _ONE_RANK = (
     "nothing to agree on (`--ranks 1..16`, mutate's default, runs this branch)"
 )
 
+_RUNNER_HELPER = (
+    "a helper the model runner calls, not the sync: the sync lane runs the "
+    "sync functions under its modelled callers (the runner lane runs the "
+    "model runner)"
+)
 _STOOD_IN_SWITCH = (
     "dpsim stands in should_skip_dp_coordination with a per-rank switch "
     "(targets/standins.py) that the scenario programs set for their solo "
@@ -98,6 +103,16 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         source="return batch_desc, None",
         to=None,
         reason=_ONE_RANK,
+    ),
+    *(
+        Unreachable(
+            ">=0.18,<0.20", _V2, "make_num_tokens_across_dp", line, None, _RUNNER_HELPER
+        )
+        for line in (
+            "if dp_size == 1:",
+            "return None",
+            'return torch.full((dp_size,), num_tokens, dtype=torch.int32, device="cpu")',
+        )
     ),
     # -- V1: coordinate_batch_across_dp and its helpers ----------------------
     *_v1_lines(
