@@ -136,7 +136,7 @@ STOOD_IN: dict[str, str] = {
     "GPUModelRunner._sample, _bookkeeping_sync": "GPU sampling; one token per request that samples",
     "GPUModelRunner._copy_draft_token_ids_to_cpu, _get_draft_token_ids_cpu, _copy_valid_sampled_token_count": "CUDA streams and events; copies done at once",
     "speculative_config": "EAGLE/MTP drafting with the padded drafter batch; the drafter is B's real EagleProposer",
-    "GPUModelRunner.maybe_get_kv_connector_output, finalize_kv_connector": "no KV connector",
+    "GPUModelRunner.maybe_get_kv_connector_output, finalize_kv_connector, clear_kv_connector_metadata": "no KV connector",
     "GPUModelRunner.maybe_dummy_run_with_lora": "LoRA mixin; LoRA is not modelled",
     "model": "the model forward; EP collectives at the chosen shape and mode (forward.FakeModel)",
     "set_forward_context": "per-thread forward context; per virtual rank, coordinating afresh under DP without agreed counts (standins.V1ForwardContexts)",

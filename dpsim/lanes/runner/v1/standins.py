@@ -415,6 +415,9 @@ class V1RunnerStandIns(StrictObject):
     def finalize_kv_connector(self) -> None:
         """No KV connector."""
 
+    def clear_kv_connector_metadata(self) -> None:
+        """No KV connector (0.17's name for the step after drafting)."""
+
     def _register_layerwise_nvtx_hooks(self) -> None:
         """NVTX tracing is off."""
 
