@@ -430,6 +430,9 @@ def test_rules_follow_the_release() -> None:
         == rules_for("0.28.0")
         == SchedulerRules(False, False, False, unpadded_near_max_model_len=False)
     )
+    # Before 0.25 no waiting request is padded.
+    assert not rules_for("0.24.0").pads_waiting_decodes
+    assert rules_for("0.25.0").pads_waiting_decodes
     # A tree of unknown version is taken to be current.
     assert rules_for(None) == rules_for("0.33.0")
 
@@ -455,6 +458,30 @@ def test_near_max_model_len_a_padded_request_waits_before_0_29(
         scheduler.update_from_output(first, None)
         seconds.append(scheduler.schedule().num_scheduled_tokens)
     assert seconds == [{"a": 1}, {"a": 1, "b": 1}]
+
+
+def test_a_kv_loaded_request_is_padded_from_0_25_only(tmp_path: Path) -> None:
+    """b has one token left after its KV load, beside a's decode: 0.25 added
+    pad_spec_decode (1 + k tokens, -1 drafts); 0.24 schedules its 1 token."""
+    options = EngineOptions(speculator="ar", num_speculative_tokens=2)
+    stream = RankStream(
+        (RequestScript("a", 0, 1, 3), RequestScript("b", 0, 4, 1, kv_wait=1))
+    )
+    seconds = []
+    for version in ("0.24.0", "0.25.0"):
+        tree = fake_tree(tmp_path / version, extra="", version=version)
+        scheduler = ModelledScheduler(stream, options, tree)
+        for script in stream.requests:
+            scheduler.add_request(make_request(script))
+        scheduler.update_from_output(scheduler.schedule(), None)
+        output = scheduler.schedule()
+        seconds.append(
+            (output.num_scheduled_tokens, output.scheduled_spec_decode_tokens)
+        )
+    assert seconds == [
+        ({"a": 1, "b": 1}, {}),
+        ({"a": 1, "b": 3}, {"b": [-1, -1]}),
+    ]
 
 
 def test_a_lone_kv_loaded_request_is_padded_from_0_30(tmp_path: Path) -> None:

@@ -27,10 +27,10 @@ read in their scheduler.py, :class:`SchedulerRules` says how):
   max_num_seqs`` and budget remains; chunked prefill is on (vLLM's default);
   a request with one token left after a remote KV load is padded to ``1 + k``
   tokens with -1 drafts (0.30+: when no prefill is scheduled and a request
-  ran or tokens were computed; 0.26-0.29: when a running request was
+  ran or tokens were computed; 0.25-0.29: when a running request was
   scheduled and no prefill was), if ``max_model_len`` leaves room for them
   and the sampled token, else unpadded (0.26-0.28: if the padded tokens pass
-  ``max_model_len``, the waiting loop stops instead); a
+  ``max_model_len``, the waiting loop stops instead; before 0.25: never); a
   ``long_prefill_token_threshold`` of at most k then
   cuts the padding and vLLM's scheduler asserts (0.29-0.33): a gap here,
   and :mod:`~dpsim.lanes.runner.generate` draws no such threshold;
@@ -200,6 +200,9 @@ class SchedulerRules:
     #: 0.26-0.28: when the padded tokens pass ``max_model_len`` the waiting
     #: loop stops instead ("Prefer to not schedule than schedule un-padded").
     unpadded_near_max_model_len: bool = True
+    #: 0.25+: a waiting request with one token left may be padded to 1 + k
+    #: at all (``pad_spec_decode``); before, it is scheduled as its 1 token.
+    pads_waiting_decodes: bool = True
 
 
 def rules_for(version: str | None) -> SchedulerRules:
@@ -211,6 +214,7 @@ def rules_for(version: str | None) -> SchedulerRules:
         threshold_needs_company=key >= (0, 31),
         capacity_bound_spares_held=key >= (0, 31),
         unpadded_near_max_model_len=key >= (0, 29),
+        pads_waiting_decodes=key >= (0, 25),
     )
 
 
@@ -605,6 +609,8 @@ class ModelledScheduler(StrictObject):
 
     def _may_pad(self, plan: _Plan, computed: int) -> bool:
         """Whether a waiting request with one token left is padded to 1 + k."""
+        if not self._rules.pads_waiting_decodes:
+            return False
         if self._rules.pad_after_computed_tokens:
             return not plan.prefill_scheduled and (bool(plan.ran) or computed > 0)
         return bool(plan.ran) and not plan.prefill_scheduled
