@@ -375,3 +375,46 @@ def test_an_idle_ranks_one_token_dummy_trips_the_dispatcher_before_0_18() -> Non
     run, found = _verdicts("0.21.0", IDLE_DUMMY_UNDER_FULL)
     assert run.result.outcome == Outcome.OK
     assert found == []
+
+
+#: A 9-token request (an 8-token prefill chunk, then 1) beside an idle rank,
+#: vLLM's default mode FULL_AND_PIECEWISE, EAGLE k = 2.
+EAGER_TARGET_STEP = _one_busy_rank(
+    CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode=CudagraphMode.FULL_AND_PIECEWISE,
+        max_num_seqs=1,
+        decode_query_len=3,
+    ),
+    EngineOptions(
+        max_num_seqs=1,
+        max_num_batched_tokens=8,
+        max_model_len=16,
+        speculator="eagle",
+        num_speculative_tokens=2,
+    ),
+    RequestScript("r1-0", 0, 9, 1),
+)
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("version", "hangs"), [("0.13.0", True), ("0.17.0", False)])
+def test_an_idle_drafter_follows_an_eager_target_where_the_busy_one_graphs(
+    version: str, hangs: bool
+) -> None:
+    """Finding (examined on the code): 0.13-0.16's ``_dummy_run`` gives the
+    drafter graphs only when the agreed target step is not eager (30119's
+    fix), while a busy rank's ``propose`` picks its graph from its own count
+    after a count-only DP sync (``_pad_batch_across_dp``). A step the ranks
+    agree to run eager leaves the idle rank drafting eager beside a busy rank
+    replaying a drafter graph: the first drafter forward differs. 0.17's
+    drafter syncs its mode too (``_determine_batch_execution_and_padding``)."""
+    run, found = _verdicts(version, EAGER_TARGET_STEP)
+    if hangs:
+        assert run.result.outcome == Outcome.MISMATCH
+        assert found == ["no-hang"]
+        assert run.stood_at[0][0].endswith(" in dummy_run")
+        assert run.stood_at[1][0].endswith(" in propose")
+    else:
+        assert run.result.outcome == Outcome.OK
+        assert found == []
