@@ -411,3 +411,30 @@ def test_measure_overhead_reports_both_sides() -> None:
     )
     # The same comparison by CPU time (None only below the clock's resolution).
     assert numbers["cpu_overhead"] is None or numbers["cpu_overhead"] > 0
+
+
+class _Highest(sim.choosers.LowestFirst):
+    """A chooser that only looks like the default: it picks the highest rank."""
+
+    def choose(self, runnable: Any) -> int:
+        return runnable[-1]
+
+
+class _Lowest:
+    """The default's order through an ordinary chooser call."""
+
+    def choose(self, runnable: Any) -> int:
+        return runnable[0]
+
+
+def test_default_order_recorded_as_a_chooser_would() -> None:
+    # The scheduler picks for the default chooser without calling it; the run
+    # and its recorded choices must be what calling a lowest-first chooser
+    # gives, and a subclass overriding choose() must still be asked.
+    default = simulate(sync_like_program, ranks=4)
+    called = simulate(sync_like_program, ranks=4, chooser=_Lowest())
+    assert default.to_json() == called.to_json()
+    assert default.choices == (0, 1, 2, 0, 1, 2)
+    highest = simulate(sync_like_program, ranks=4, chooser=_Highest())
+    assert highest.choices != default.choices
+    assert highest.choices[0] == 3

@@ -39,7 +39,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 
 from dpsim.records.trace import ErrorInfo, RankState
 from dpsim.sim import workers as workers_pool
-from dpsim.sim.choosers import Chooser
+from dpsim.sim.choosers import Chooser, LowestFirst
 
 DEFAULT_STEP_BUDGET = 100_000
 
@@ -84,6 +84,9 @@ class Scheduler:
         ranks = len(programs)
         self._programs = programs
         self._choose = chooser.choose
+        #: The default chooser's pick needs no call (it is every run's but
+        #: a drawn or replayed schedule's, asked at every switch).
+        self._lowest_first = type(chooser) is LowestFirst
         self._budget = step_budget
         #: The rank whose greenlet is running, or -1 in the hub.
         self.current = -1
@@ -176,6 +179,9 @@ class Scheduler:
         runnable = self._runnable
         if len(runnable) == 1:
             rank = runnable.pop()  # no choice to make or record
+        elif runnable and self._lowest_first:
+            rank = runnable.pop(0)
+            self.choices.append(rank)
         elif runnable:
             try:
                 rank = self._pick(runnable)
