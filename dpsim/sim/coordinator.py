@@ -11,6 +11,7 @@ the device methods short-circuit for a group of one.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -18,6 +19,21 @@ import torch
 from dpsim.records.dist import DistLike
 
 _CPU = torch.device("cpu")
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_attributes(rank: int, rank_in_group: int, world_size: int) -> dict[str, Any]:
+    """The attributes that are one member's own (its ranks, first or last).
+
+    The same few recur in every run; callers copy them, never change them.
+    """
+    return {
+        "rank": rank,
+        "local_rank": rank,
+        "rank_in_group": rank_in_group,
+        "is_first_rank": rank_in_group == 0,
+        "is_last_rank": rank_in_group == world_size - 1,
+    }
 
 
 class GroupCoordinatorView:
@@ -52,7 +68,7 @@ class GroupCoordinatorView:
         self.__dict__.update(
             self.shared_attributes(dist, unique_name, ranks, cpu_group, device_group)
         )
-        self._set_rank(rank, rank_in_group)
+        self.__dict__.update(_rank_attributes(rank, rank_in_group, len(ranks)))
 
     @staticmethod
     def shared_attributes(
@@ -85,16 +101,10 @@ class GroupCoordinatorView:
         fraction of setting each attribute in turn.
         """
         view = object.__new__(cls)
-        view.__dict__.update(shared)
-        view._set_rank(rank, rank_in_group)
+        view.__dict__ = shared | _rank_attributes(
+            rank, rank_in_group, shared["world_size"]
+        )
         return view
-
-    def _set_rank(self, rank: int, rank_in_group: int) -> None:
-        self.rank = rank
-        self.local_rank = rank
-        self.rank_in_group = rank_in_group
-        self.is_first_rank = rank_in_group == 0
-        self.is_last_rank = rank_in_group == self.world_size - 1
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place SUM over the CPU group; returns ``tensor``."""
