@@ -69,12 +69,15 @@ class RankBatch(SyncInputs):
     def to_dict(self) -> dict[str, Any]:
         """Every field, except ``num_encoder_reqs`` when 0: files from before
         it (and every V2 case) stay as they were."""
-        return {
-            field.name: getattr(self, field.name)
-            for field in _BATCH_FIELDS
-            if field.name not in _OMITTED_AT_DEFAULT
-            or getattr(self, field.name) != field.default
-        }
+        # Written once per sync of every rank: the fields straight from the
+        # instance's __dict__ (a frozen dataclass keeps them there), in
+        # declaration order, then the omitted ones dropped.
+        values = self.__dict__
+        data = {name: values[name] for name in _BATCH_FIELD_ORDER}
+        for name in _OMITTED_AT_DEFAULT:
+            if data[name] == _DEFAULTS[name]:
+                del data[name]
+        return data
 
     @staticmethod
     def completed(data: dict[str, Any]) -> dict[str, Any]:
@@ -97,6 +100,7 @@ class RankBatch(SyncInputs):
 
 _BATCH_FIELDS = fields(RankBatch)
 _BATCH_FIELD_NAMES = frozenset(field.name for field in _BATCH_FIELDS)
+_BATCH_FIELD_ORDER = tuple(field.name for field in _BATCH_FIELDS)
 #: Fields a batch's mapping carries only when set away from their default.
 _OMITTED_AT_DEFAULT = frozenset({"num_encoder_reqs"})
 _DEFAULTS = {field.name: field.default for field in _BATCH_FIELDS}

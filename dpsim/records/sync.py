@@ -56,8 +56,13 @@ def _filled(cls: type[_T], data: dict[str, Any]) -> _T:
 
 
 def _json_fields(record: Any) -> dict[str, Any]:
-    """A flat record's fields by name, in declaration order (the JSON key order)."""
-    return {name: getattr(record, name) for name in _FIELD_NAMES[type(record)]}
+    """A flat record's fields by name, in declaration order (the JSON key order).
+
+    Read from the instance's ``__dict__``, where a frozen dataclass (and
+    :func:`_filled`) keeps every field: written for every sync of every rank.
+    """
+    values = record.__dict__
+    return {name: values[name] for name in _FIELD_NAMES[type(record)]}
 
 
 class _WithMode:
