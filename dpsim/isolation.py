@@ -167,6 +167,7 @@ def died(status: int, allowance: Allowance) -> str:
 def _child(writing: int, work: Callable[[], int], allowance: Allowance) -> None:
     code = _EXIT_UNCAUGHT
     try:
+        _one_torch_thread()
         report = io.StringIO()
         # Live when stderr is the process's own (a terminal: progress shows
         # as it happens); collected and relayed when someone swapped it for
@@ -189,6 +190,20 @@ def _child(writing: int, work: Callable[[], int], allowance: Allowance) -> None:
         _send(writing, json.dumps(payload).encode())
     finally:
         os._exit(code)
+
+
+def _one_torch_thread() -> None:
+    """Keep the child's torch ops on its one thread.
+
+    OpenMP's thread pool does not survive ``fork``: when the parent (a test
+    runner, say) already ran a parallel torch op, the child's next parallel
+    region waits forever at a barrier for pool threads that no longer exist.
+    The virtual ranks all run on one thread anyway, and their tensors are a
+    few elements, so one intra-op thread costs nothing.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 def _run(work: Callable[[], int], allowance: Allowance) -> tuple[int, str | None]:

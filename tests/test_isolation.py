@@ -25,7 +25,7 @@ from dpsim import allowances
 from dpsim.allowances import Allowance, parse_size
 from dpsim.cli import EXIT_BROKEN_PIPE, main
 from dpsim.errors import UsageError
-from dpsim.isolation import EXIT_NO_VERDICT, died, run_isolated
+from dpsim.isolation import EXIT_NO_VERDICT, died, run_in_child, run_isolated
 from dpsim.options import parse_ranks
 
 CORRECT = VOTING.replace("PAD_FROM", "int(counts.max())")
@@ -523,3 +523,19 @@ def test_none_is_no_memory_limit_and_the_environment_is_read(
     monkeypatch.setenv(allowances.MEMORY_ENV, "x")
     with pytest.raises(UsageError, match=allowances.MEMORY_ENV):
         allowances.from_arguments(namespace)
+
+
+def test_the_child_runs_torch_on_one_thread() -> None:
+    # A forked child inherits no OpenMP pool threads: a parallel torch op
+    # there would wait forever for them (seen as a hung test-runner worker
+    # that had run torch before forking). The child must not go parallel.
+    import torch
+
+    torch.ones(1 << 20).sum()  # the parent's pool, if it has one, is up
+
+    def report_threads() -> int:
+        print(torch.get_num_threads())
+        return 0
+
+    result = run_in_child(report_threads, allowance=GENEROUS)
+    assert (result.code, result.stdout) == (0, "1\n")
