@@ -539,7 +539,21 @@ class _Buffer(StrictObject):
             self.np = value.numpy()
 
 
-class _RunnerStandIns(StrictObject):
+class NoLoRADummyRuns(StrictObject):
+    """Both runners' stood-in LoRA mixin: the lane refuses LoRA policies, so a
+    dummy run's LoRA context does nothing (and a LoRA config is a gap)."""
+
+    @contextlib.contextmanager
+    def maybe_dummy_run_with_lora(
+        self, lora_config: Any, *args: Any, **kwargs: Any
+    ) -> Iterator[None]:
+        """The LoRA mixin's dummy-run context: LoRA is off (refused), so nothing."""
+        if lora_config is not None:
+            raise gap("maybe_dummy_run_with_lora with a LoRA config (not modelled)")
+        yield
+
+
+class _RunnerStandIns(NoLoRADummyRuns):
     """The base of the rebuilt runner: the methods that are GPU work."""
 
     OWNER = "GPUModelRunner"
@@ -633,15 +647,6 @@ class _RunnerStandIns(StrictObject):
         return dataclasses.replace(
             batch, **{name: value for name, value in values.items() if name in names}
         )
-
-    @contextlib.contextmanager
-    def maybe_dummy_run_with_lora(
-        self, lora_config: Any, *args: Any, **kwargs: Any
-    ) -> Iterator[None]:
-        """The LoRA mixin's dummy-run context: LoRA is off (refused), so nothing."""
-        if lora_config is not None:
-            raise gap("maybe_dummy_run_with_lora with a LoRA config (not modelled)")
-        yield
 
 
 class _RunnerStandInsBefore028(_RunnerStandIns):

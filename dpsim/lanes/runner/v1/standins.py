@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from dpsim.lanes.runner.forward import ForwardContexts
-from dpsim.lanes.runner.model_runner import _Buffer, _ignore
+from dpsim.lanes.runner.model_runner import NoLoRADummyRuns, _Buffer, _ignore
 from dpsim.lanes.runner.strict import StrictObject, gap, standin
 
 
@@ -215,7 +215,7 @@ def _trim_unproposed_drafts(scheduler_output: Any, in_batch: set[str]) -> None:
             spec.pop(req_id, None)
 
 
-class V1RunnerStandIns(StrictObject):
+class V1RunnerStandIns(NoLoRADummyRuns):
     """The base of the rebuilt V1 runner: the methods that are GPU work or
     InputBatch bookkeeping (see the module docstring)."""
 
@@ -423,15 +423,6 @@ class V1RunnerStandIns(StrictObject):
 
     def _get_or_create_async_output_copy_stream(self) -> None:
         return None
-
-    @contextlib.contextmanager
-    def maybe_dummy_run_with_lora(
-        self, lora_config: Any, *args: Any, **kwargs: Any
-    ) -> Iterator[None]:
-        """The LoRA mixin's dummy-run context: LoRA is off (refused), so nothing."""
-        if lora_config is not None:
-            raise gap("maybe_dummy_run_with_lora with a LoRA config (not modelled)")
-        yield
 
 
 class CopiedBuffer(_Buffer):
