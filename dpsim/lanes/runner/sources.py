@@ -190,35 +190,41 @@ def check_runner_lane_release(version: str, runner: str = "v2") -> None:
         _check_v1_runner_lane_release(version)
         return
     check_release(version, "v2")  # before 0.18: the sync lane's own refusal
-    key = _release_key(version)[:2]
-    if key < OLDEST_RUNNER_LANE:
-        oldest = ".".join(map(str, OLDEST_RUNNER_LANE))
-        missing = "; ".join(
-            text.format(".".join(map(str, added)))
-            for added, text in _ADDED_IN
-            if key < added
-        )
-        raise TargetError(
-            f"runner lane: vLLM {version} cannot be driven: {missing}; the runner "
-            f"lane drives {oldest}.0 and later; refused without fetching it"
-        )
+    _refuse_older(version, OLDEST_RUNNER_LANE, _ADDED_IN, "runner lane", "runner lane")
 
 
 def _check_v1_runner_lane_release(version: str) -> None:
     check_release(version, "v1")  # before 0.11.1: the sync lane's own refusal
+    _refuse_older(
+        version,
+        OLDEST_V1_RUNNER_LANE,
+        _V1_ADDED_IN,
+        "runner lane (V1 runner)",
+        "V1 runner lane",
+    )
+
+
+def _refuse_older(
+    version: str,
+    oldest: tuple[int, int],
+    added_in: tuple[tuple[tuple[int, int], str], ...],
+    prefix: str,
+    lane: str,
+) -> None:
+    """Refuse a release older than ``oldest``, naming each item of ``added_in``
+    it predates."""
     key = _release_key(version)[:2]
-    if key < OLDEST_V1_RUNNER_LANE:
-        oldest = ".".join(map(str, OLDEST_V1_RUNNER_LANE))
-        missing = "; ".join(
-            text.format(".".join(map(str, added)))
-            for added, text in _V1_ADDED_IN
-            if key < added
-        )
-        raise TargetError(
-            f"runner lane (V1 runner): vLLM {version} cannot be driven: {missing}; "
-            f"the V1 runner lane drives {oldest}.0 and later; refused without "
-            "fetching it"
-        )
+    if key >= oldest:
+        return
+    missing = "; ".join(
+        text.format(".".join(map(str, added)))
+        for added, text in added_in
+        if key < added
+    )
+    raise TargetError(
+        f"{prefix}: vLLM {version} cannot be driven: {missing}; the {lane} "
+        f"drives {'.'.join(map(str, oldest))}.0 and later; refused without fetching it"
+    )
 
 
 @dataclass(eq=False)  # hashed by identity: parts cache what they build per sources
