@@ -7,9 +7,10 @@
            V1 runner a call is the release's caller method, which dispatches,
            syncs and dispatches again: the cost the simulator adds to.
 ``check``  cases per second end to end at a fixed DP size, and what one case
-           costs in each part: generation (Hypothesis drawing it, its engine
-           included), simulation (the target's run on the virtual ranks) and
-           judging (the properties over the trace).
+           costs in each part: generation (drawing it, and Hypothesis' engine
+           under ``--engine hypothesis``), simulation (the target's run on the
+           virtual ranks) and judging (the properties over the trace); a row
+           per engine.
 ``corpus`` seconds to the first counterexample for each faulty target of the
            corpus, and apart from it the seconds with shrinking.
 ``startup`` seconds from ``dpsim check`` starting to the end of a one-case
@@ -77,15 +78,20 @@ def bench_sim(target: Target, ranks: int, rounds: int) -> dict[str, Any]:
     }
 
 
-def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
+def bench_check(
+    target: Target, ranks: int, examples: int, engine: str = "hypothesis"
+) -> dict[str, Any]:
     """The step scenario's search at ``ranks`` ranks, end to end and by part.
 
     ``generation`` is everything that is neither simulating nor judging a
-    case: Hypothesis drawing it and running its engine (what a check pays
-    for its search). Also in process CPU seconds, which other processes on a
-    busy machine disturb less than wall-clock ones.
+    case: drawing it and, under ``engine`` ``hypothesis``, running
+    Hypothesis' engine (what a check pays for its search). Also in process
+    CPU seconds, which other processes on a busy machine disturb less than
+    wall-clock ones.
     """
-    options = CheckOptions(scenarios=("step",), ranks=(ranks, ranks), examples=examples)
+    options = CheckOptions(
+        scenarios=("step",), ranks=(ranks, ranks), examples=examples, engine=engine
+    )
     started, cpu_started = time.perf_counter(), time.process_time()
     report = run_check(target, options)
     seconds = time.perf_counter() - started
@@ -102,6 +108,7 @@ def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
         "measure": "check",
         "target": target.label,
         "runner": target.runner,
+        "engine": engine,
         "ranks": ranks,
         "cases": cases,
         "seconds": seconds,
@@ -118,10 +125,10 @@ def bench_check(target: Target, ranks: int, examples: int) -> dict[str, Any]:
 
 
 def corpus_entries(
-    runner: str | None = None,
+    runner: str | None = None, engine: str = "hypothesis"
 ) -> list[tuple[str, Target, CheckOptions]]:
     """Each faulty target of the corpus (of ``runner``'s sync only, when
-    given), with the check that should catch it."""
+    given), with the check that should catch it, searched by ``engine``."""
     import tempfile
     from pathlib import Path
 
@@ -135,7 +142,10 @@ def corpus_entries(
             continue
         path = corpus.materialize(entry, directory)
         options = CheckOptions(
-            scenarios=(entry.scenario,), profile=entry.profile, policy=entry.policy
+            scenarios=(entry.scenario,),
+            profile=entry.profile,
+            policy=entry.policy,
+            engine=engine,
         )
         target = load_target(entry.vllm, path, runner=entry.runner)
         entries.append((entry.name, target, options))
@@ -149,7 +159,9 @@ def bench_corpus(
     if entries is None:
         entries = corpus_entries()
     started = time.perf_counter()
+    engines: set[str] = set()
     for name, target, options in entries:
+        engines.add(options.engine)
         report = run_check(target, options)
         failed = report.first_failure
         rows.append(
@@ -169,6 +181,7 @@ def bench_corpus(
     shrunk = [float(row["with_shrinking_s"]) for row in rows if row["caught"]]
     return {
         "measure": "corpus",
+        "engine": ",".join(sorted(engines)),
         "targets": len(rows),
         "caught": len(times),
         "median_first_counterexample_s": statistics.median(times) if times else None,

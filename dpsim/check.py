@@ -1,7 +1,10 @@
 """``dpsim check``'s engine: generate cases, run them, judge them, shrink failures.
 
-For each scenario, Hypothesis draws cases (:mod:`dpsim.scenarios.generate`),
-each case runs on the simulator and the chosen properties judge its trace.
+For each scenario, Hypothesis draws cases (:mod:`dpsim.scenarios.generate`;
+with ``--engine fast``, :mod:`dpsim.search.fast` draws them from the same
+strategies without Hypothesis' engine, and hands the first failing one to that
+engine to shrink), each case runs on the simulator and the chosen properties
+judge its trace.
 The first failure fixes *which* property is being chased; shrinking then keeps
 only cases that fail that same property, so a coverage bug does not shrink
 into an unrelated crash. Generation is seeded, and no example database is read
@@ -48,6 +51,7 @@ from dpsim.scenarios.generate import (
     scenarios_for,
     seeded_draws_only,
 )
+from dpsim.search.options import ENGINES
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
 
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from dpsim.coverage import Measurement
 
 DEFAULT_EXAMPLES = 300
+
 
 #: Called as ``progress(scenario, examples_run, examples_planned)``.
 Progress = Callable[[str, int, int], None]
@@ -83,6 +88,11 @@ class CheckOptions:
     #: traced inside ``coverage.running(scenario, profile)``; generating and
     #: judging it are not.
     coverage: Measurement | None = field(default=None, compare=False)
+    #: How cases are drawn (``--engine``, :data:`dpsim.search.options.ENGINES`):
+    #: ``hypothesis`` is Hypothesis' own engine (``find()``); ``fast`` is
+    #: :mod:`dpsim.search.fast`, which draws from the same strategies without
+    #: that engine and hands the first failing case to it to shrink.
+    engine: str = "hypothesis"
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,9 @@ class ScenarioRun:
     interrupted: bool = False
     #: Of ``judging_seconds``, those spent simulating (the rest is judging).
     simulating_seconds: float = 0.0
+    #: Why the fast engine stopped drawing before ``--examples`` cases (too
+    #: many draws rejected or repeating earlier cases); None when it did not.
+    stopped_early: str | None = None
 
     @property
     def generated(self) -> int:
@@ -272,6 +285,10 @@ def run_check(
     options: CheckOptions,
     progress: Progress | None = None,
 ) -> CheckReport:
+    if options.engine not in ENGINES:
+        raise UsageError(
+            f"unknown engine {options.engine!r}; expected one of {', '.join(ENGINES)}"
+        )
     properties = select(options.properties, target.runner)
     available = scenarios_for(target)
     chosen = options.scenarios or available
@@ -390,19 +407,37 @@ def _check_scenario(
             simulating_seconds=stopwatch.simulating,
         )
 
+    database_key = (
+        _database_key(target, scenario, options)
+        if options.database is not None
+        else None
+    )
+    tally = None
     try:
         with seeded_draws_only():
-            minimal = find(
-                strategy,
-                fails,
-                settings=config,
-                # Hypothesis turns the database off for a seeded search; with one,
-                # its stored examples come first and generation is not pinned.
-                random=Random(options.seed) if options.database is None else None,
-                database_key=_database_key(target, scenario, options)
-                if options.database is not None
-                else None,
-            )
+            if options.engine == "fast":
+                from dpsim.search import fast
+
+                tally = fast.Tally()
+                minimal = fast.find(
+                    strategy,
+                    fails,
+                    settings=config,
+                    seed=options.seed,
+                    database_key=database_key,
+                    tally=tally,
+                )
+            else:
+                minimal = find(
+                    strategy,
+                    fails,
+                    settings=config,
+                    # Hypothesis turns the database off for a seeded search; with
+                    # one, its stored examples come first and generation is not
+                    # pinned.
+                    random=Random(options.seed) if options.database is None else None,
+                    database_key=database_key,
+                )
     except (NoSuchExample, Unsatisfiable):
         return ScenarioRun(
             scenario,
@@ -412,6 +447,7 @@ def _check_scenario(
             None,
             judging,
             simulating_seconds=stopwatch.simulating,
+            stopped_early=None if tally is None else tally.stopped_early,
         )
     except KeyboardInterrupt:
         raise _Interrupted(so_far()) from None

@@ -11,6 +11,7 @@ from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
 from dpsim.options import add_runner_argument
+from dpsim.search.options import ENGINES, add_engine_argument
 from dpsim.targets import load_target
 from dpsim.targets.spec import parse_target
 
@@ -19,9 +20,10 @@ EPILOG = """\
 measures:
   sim     simulated rounds/s of the real sync vs. the bare calls (overhead)
   check   cases per second end to end, and per case the microseconds of
-          generation (Hypothesis), simulation and judging
+          generation, simulation and judging; a row per --engine (default
+          both: Hypothesis' engine, and the fast one)
   corpus  seconds to the first counterexample on each faulty target, and
-          with shrinking
+          with shrinking (under --engine, default hypothesis)
   startup seconds from starting dpsim check to the end of its first case
           (a fresh process; the imports' share apart)
   runner  runner-lane cases/s at 4 ranks x 8 iterations, and the share of
@@ -69,6 +71,7 @@ def register(commands: Any) -> None:
         choices=(*MEASURES, RUNNER_MEASURE),
         help="what to measure (repeatable; runner only when named)",
     )
+    add_engine_argument(parser, repeatable=True)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(run=run)
 
@@ -100,11 +103,15 @@ def run(arguments: argparse.Namespace) -> int:
     if "check" in measures:
         for ranks in arguments.ranks or (4, 8):
             for target in targets:
-                results.append(bench.bench_check(target, ranks, 400))
-                _emit(results[-1], arguments.json)
+                for engine in arguments.engine or ENGINES:
+                    results.append(bench.bench_check(target, ranks, 400, engine))
+                    _emit(results[-1], arguments.json)
     if "corpus" in measures:
-        results.append(bench.bench_corpus(bench.corpus_entries(arguments.runner)))
-        _emit(results[-1], arguments.json)
+        # The corpus is long: the default engine only, unless others are named.
+        for engine in arguments.engine or ENGINES[:1]:
+            entries = bench.corpus_entries(arguments.runner, engine)
+            results.append(bench.bench_corpus(entries))
+            _emit(results[-1], arguments.json)
     if "startup" in measures:
         for target in targets:
             results.append(bench.bench_startup(arguments.vllm, target.runner))
@@ -131,7 +138,8 @@ def _emit(result: dict[str, Any], as_json: bool) -> None:
         )
     elif kind == "check":
         print(
-            f"check   {result['runner']}  {result['ranks']:>4} ranks  "
+            f"check   {result['runner']}  {result['engine']:<10} "
+            f"{result['ranks']:>4} ranks  "
             f"{result['end_to_end_cases_per_s']:7.1f} cases/s end to end "
             f"({result['end_to_end_cases_per_cpu_s']:.1f} per CPU second; "
             f"{result['cases']} cases; per case: generation "
@@ -166,7 +174,8 @@ def _emit_corpus(result: dict[str, Any]) -> None:
         )
     median = result["median_first_counterexample_s"]
     print(
-        f"corpus  caught {result['caught']}/{result['targets']}, median time to first "
+        f"corpus  engine {result['engine']}: caught {result['caught']}/"
+        f"{result['targets']}, median time to first "
         f"counterexample {median:.2f}s (with shrinking "
         f"{result['median_with_shrinking_s']:.2f}s); all first counterexamples "
         f"{result['first_counterexamples_s']:.1f}s, the whole corpus "

@@ -53,6 +53,7 @@ from dpsim.properties.base import Evidence
 from dpsim.records.case import PROFILES
 from dpsim.report import render_case_run
 from dpsim.scenarios import SCENARIOS
+from dpsim.search.options import add_engine_argument
 from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
 
@@ -115,6 +116,7 @@ def register(commands: Any) -> None:
         "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
+    add_engine_argument(parser)
     coverage_cli.add_argument(parser)
     add_lane_argument(parser)
     allowances.add_arguments(parser)
@@ -191,6 +193,11 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError("--examples must be at least 1")
     lane = getattr(arguments, "lane", "sync")
     if lane == "runner":
+        if arguments.engine != "hypothesis":
+            raise UsageError(
+                f"--engine {arguments.engine}: the sync lane only (the runner "
+                "lane's cases are drawn by its own Hypothesis test)"
+            )
         return _run_runner_lane(arguments)
     if arguments.examples is None:
         arguments.examples = DEFAULT_EXAMPLES
@@ -239,6 +246,7 @@ def _check(arguments: argparse.Namespace, spec: TargetSpec) -> int:
             seed=arguments.seed,
             database=open_database(arguments.db) if arguments.db else None,
             coverage=measurement,
+            engine=arguments.engine,
         )
         progress = None if arguments.json else _Progress(target)
         try:
@@ -309,6 +317,8 @@ def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
             if run.scenario in written
             else None,
         }
+        if run.stopped_early is not None:
+            scenarios[run.scenario]["stopped_early"] = run.stopped_early
     for name in report.not_run:
         scenarios[name] = {"verdict": "not-run", "examples": 0}
     data = {
@@ -332,6 +342,8 @@ def summary(report: CheckReport, written: dict[str, Path]) -> dict[str, Any]:
     if skipped:
         # Only where something was left out, so a V2 report keeps its bytes.
         data["properties_not_run"] = skipped
+    if report.options.engine != "hypothesis":
+        data["engine"] = report.options.engine
     return data
 
 
@@ -350,6 +362,8 @@ def _scenario_line(run: ScenarioRun) -> str:
             status += " (interrupted while shrinking)"
     else:
         status = _run_verdict(run)
+    if run.stopped_early is not None:
+        status += f" ({run.stopped_early})"
     return (
         f"  {run.scenario:<8} {run.generated:>6} examples + {run.shrinking:>5} "
         f"shrinking {run.seconds:6.1f}s  {status}"
@@ -362,6 +376,8 @@ def render_report(report: CheckReport, written: dict[str, Path]) -> str:
     lines = [
         f"dpsim check: {report.target.label}, profile {options.profile}, "
         f"ranks {low}..{high}, {options.examples} examples per scenario, seed {options.seed}"
+        # Named only when not the default, so a default report keeps its bytes.
+        + (f", engine {options.engine}" if options.engine != "hypothesis" else "")
     ]
     skipped = _properties_not_run(report)
     if skipped:

@@ -1,0 +1,10 @@
+"""How ``dpsim check`` searches for cases: the engines beside Hypothesis' own.
+
+:mod:`dpsim.search.fast` is ``--engine fast``: cases drawn by dpsim from
+Hypothesis' strategies without Hypothesis' engine (:mod:`~dpsim.search.draw`),
+the first failing one shrunk by that engine (:mod:`~dpsim.search.shrink`).
+Every Hypothesis internal they use is in :mod:`~dpsim.search.internals`.
+:mod:`~dpsim.search.options` is the command-line option. Importing this
+package imports none of them, so the default engine never depends on
+Hypothesis' internals.
+"""

@@ -1,0 +1,125 @@
+"""Drawing one case from a Hypothesis strategy without Hypothesis' engine.
+
+Hypothesis' :class:`ConjectureData` keeps, for every choice a strategy makes,
+a node, a span record, a data-tree observation and a pooled constraints
+dict: what its engine needs to mutate and shrink, and most of what a draw
+costs. :class:`FastData` keeps only the choices themselves. The values still
+come from Hypothesis' own provider with the same constraints, and the same
+limits end a draw (the choice buffer's size, the depth bound, an empty
+strategy), so Hypothesis' engine replaying the recorded choices draws the
+same case: that is what lets a failing case found here be shrunk there.
+"""
+
+from __future__ import annotations
+
+from random import Random
+from typing import Any, NoReturn, TypeVar
+
+from hypothesis.errors import UnsatisfiedAssumption
+from hypothesis.strategies import SearchStrategy
+
+from dpsim.search.internals import (
+    BUFFER_SIZE,
+    MAX_DEPTH,
+    BuildContext,
+    ConjectureData,
+    InterestingOrigin,
+    Status,
+    StopTest,
+    choice_size,
+    unwrap_strategies,
+)
+
+T = TypeVar("T")
+
+#: A recorded choice sequence: what Hypothesis' engine replays.
+Choices = tuple[Any, ...]
+
+
+class FastData(ConjectureData):
+    """A ConjectureData that records the choices drawn and nothing else."""
+
+    def __init__(self, random: Random) -> None:
+        super().__init__(random=random)
+        self.drawn: list[Any] = []
+
+    def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
+        # Pooling only saves memory across the engine's many stored cases.
+        return constraints
+
+    def _draw(
+        self,
+        choice_type: str,
+        constraints: Any,
+        *,
+        observe: bool,
+        forced: Any,
+    ) -> Any:
+        if forced is None:
+            value = getattr(self.provider, f"draw_{choice_type}")(**constraints)
+        else:
+            value = forced
+        if observe:
+            # The engine overruns past this many bytes of choices; a case it
+            # would not draw must not be drawn here either.
+            self.length += choice_size(value)
+            if self.length > BUFFER_SIZE:
+                self.conclude_test(Status.OVERRUN)
+            self.drawn.append(value)
+        return value
+
+    def start_span(self, label: int) -> None:
+        self.depth += 1
+
+    def stop_span(self, *, discard: bool = False) -> None:
+        self.depth -= 1
+
+    def draw(
+        self,
+        strategy: SearchStrategy[T],
+        label: int | None = None,
+        observe_as: str | None = None,
+    ) -> T:
+        strategy.validate()
+        if strategy.is_empty:
+            self.conclude_test(Status.INVALID)
+        if self.depth >= MAX_DEPTH:
+            self.conclude_test(Status.INVALID)
+        self.depth += 1
+        try:
+            return unwrap_strategies(strategy).do_draw(self)
+        finally:
+            self.depth -= 1
+
+    def conclude_test(
+        self,
+        status: Status,
+        interesting_origin: InterestingOrigin | None = None,
+    ) -> NoReturn:
+        self.status = status
+        raise StopTest(self.testcounter)
+
+
+def draw(
+    strategy: SearchStrategy[T], random: Random
+) -> tuple[T, Choices, FastData] | None:
+    """One value of ``strategy``, the choices it took and the data object
+    (:func:`context` runs the case's test in it); None when the draw was
+    rejected (a filter or ``assume`` gave up, or the choices overran)."""
+    data = FastData(random)
+    try:
+        with context(data):
+            value = data.draw(strategy)
+    except StopTest as stop:
+        if stop.testcounter != data.testcounter:
+            raise
+        return None
+    except UnsatisfiedAssumption:
+        return None
+    return value, tuple(data.drawn), data
+
+
+def context(data: ConjectureData) -> BuildContext:
+    """What Hypothesis enters around a draw and its test: ``reject()``,
+    ``assume()`` and ``note()`` work inside it as inside ``@given``."""
+    return BuildContext(data, wrapped_test=None)  # type: ignore[arg-type]

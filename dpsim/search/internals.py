@@ -1,0 +1,61 @@
+"""The one place dpsim reaches into Hypothesis' internals, and the check that they are there.
+
+The fast engine (:mod:`dpsim.search.fast`) draws cases through Hypothesis' own
+strategies and its own provider (so values keep Hypothesis' distribution and
+edge bias) but without its engine, and hands a failing case's choice sequence
+back to Hypothesis' engine to shrink. No public API does either: ``find()``
+always runs the engine's per-choice bookkeeping, and a seeded ``find()``
+turns the example database off, so it cannot be told to start shrinking from
+a given choice sequence. Every internal name used is imported here, so a
+Hypothesis that moved one fails at import with one line (exit status 2)
+rather than drawing different cases or shrinking wrongly.
+
+Checked on Hypothesis 6.170.17 (the version pyproject pins the range around).
+"""
+
+from __future__ import annotations
+
+import hypothesis
+
+from dpsim.errors import UsageError
+
+#: Versions the fast engine was checked on, by drawing the same cases as
+#: Hypothesis' engine from the same choice sequences (tests/test_search_*.py).
+CHECKED_ON = ("6.170.17",)
+
+try:
+    from hypothesis.control import BuildContext
+    from hypothesis.database import choices_from_bytes, choices_to_bytes
+    from hypothesis.errors import StopTest
+    from hypothesis.internal.conjecture.choice import choice_size
+    from hypothesis.internal.conjecture.data import MAX_DEPTH, ConjectureData, Status
+    from hypothesis.internal.conjecture.engine import (
+        BUFFER_SIZE,
+        ConjectureRunner,
+        RunIsComplete,
+    )
+    from hypothesis.internal.escalation import InterestingOrigin
+    from hypothesis.strategies._internal.lazy import unwrap_strategies
+except ImportError as error:  # pragma: no cover - depends on the installed version
+    raise UsageError(
+        f"--engine fast needs Hypothesis internals that Hypothesis "
+        f"{hypothesis.__version__} lacks ({error}); it was checked on "
+        f"{', '.join(CHECKED_ON)}: use --engine hypothesis"
+    ) from None
+
+__all__ = [
+    "BUFFER_SIZE",
+    "CHECKED_ON",
+    "MAX_DEPTH",
+    "BuildContext",
+    "ConjectureData",
+    "ConjectureRunner",
+    "InterestingOrigin",
+    "RunIsComplete",
+    "Status",
+    "StopTest",
+    "choice_size",
+    "choices_from_bytes",
+    "choices_to_bytes",
+    "unwrap_strategies",
+]

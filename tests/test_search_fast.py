@@ -1,0 +1,209 @@
+"""The fast engine on plain Hypothesis strategies (no release needed).
+
+What it must keep from Hypothesis: the case its cheap data object draws is
+the one Hypothesis' own data object replays from the recorded choices (or a
+shrink from them would shrink something else); a seed alone decides what it
+draws and what it shrinks to; a planted bug is shrunk as ``find()`` shrinks
+it; and a database is replayed first and written to. What it adds: rejected
+draws and repeats of an earlier case are not counted as cases.
+"""
+
+from __future__ import annotations
+
+from random import Random
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, reject, settings
+from hypothesis import strategies as st
+from hypothesis.database import InMemoryExampleDatabase
+from hypothesis.errors import NoSuchExample, Unsatisfiable
+
+from dpsim.search import fast
+from dpsim.search.draw import context, draw
+from dpsim.search.internals import ConjectureData, Status, StopTest
+
+
+def config(examples: int = 200, database: Any = None, shrink: bool = True) -> Any:
+    return settings(
+        max_examples=examples,
+        database=database,
+        deadline=None,
+        phases=(Phase.reuse, Phase.generate) + ((Phase.shrink,) if shrink else ()),
+        suppress_health_check=list(HealthCheck),
+        report_multiple_bugs=False,
+    )
+
+
+STRATEGIES = {
+    "lists": st.lists(st.integers(0, 100), min_size=3, max_size=40),
+    "nested": st.lists(
+        st.tuples(st.booleans(), st.one_of(st.none(), st.integers(-5, 5))),
+        max_size=8,
+    ),
+    "sampled": st.dictionaries(st.sampled_from("abcdef"), st.floats(0, 1), max_size=6),
+    "filtered": st.integers(0, 1000).filter(lambda x: x % 7 == 3),
+    "flatmap": st.integers(1, 6).flatmap(
+        lambda n: st.lists(st.integers(0, n), min_size=n, max_size=n)
+    ),
+    "text": st.text(max_size=12),
+    "unique": st.lists(st.integers(0, 50), unique=True, max_size=20),
+}
+
+
+def replayed(strategy: Any, choices: tuple[Any, ...]) -> Any:
+    """What Hypothesis' own data object draws from ``choices``."""
+    data = ConjectureData.for_choices(choices)
+    with context(data):
+        value = data.draw(strategy)
+    data.freeze()
+    assert data.status is Status.VALID
+    assert data.choices == choices
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_the_case_drawn_is_the_one_hypothesis_replays(name: str) -> None:
+    strategy = STRATEGIES[name]
+    random = Random(1)
+    drawn = 0
+    for _ in range(150):
+        result = draw(strategy, random)
+        if result is None:
+            continue
+        value, choices, _ = result
+        assert repr(replayed(strategy, choices)) == repr(value)
+        drawn += 1
+    assert drawn > 50
+
+
+def test_a_draw_past_hypothesis_buffer_is_rejected_as_it_would_overrun() -> None:
+    # Each 2,000-byte draw is 2,000 of the buffer's 8 KiB: the fifth overruns.
+    strategy = st.lists(st.binary(min_size=2000, max_size=2000), min_size=5, max_size=5)
+    assert draw(strategy, Random(0)) is None
+    data = ConjectureData(random=Random(0))
+    with pytest.raises(StopTest), context(data):
+        data.draw(strategy)
+    assert data.status is Status.OVERRUN
+
+
+def test_repeats_of_an_earlier_case_are_not_run_and_the_stop_is_said() -> None:
+    seen: list[int] = []
+
+    def condition(x: int) -> bool:
+        seen.append(x)
+        return False
+
+    tally = fast.Tally()
+    with pytest.raises(NoSuchExample):
+        fast.find(
+            st.integers(0, 3),
+            condition,
+            settings=config(100),
+            seed=0,
+            tally=tally,
+        )
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert tally.run == 4 and tally.duplicates > 0
+    assert tally.stopped_early is not None and "repeated" in tally.stopped_early
+
+
+def test_rejected_cases_do_not_count_towards_the_budget() -> None:
+    judged: list[int] = []
+
+    def condition(x: int) -> bool:
+        if x % 2:
+            reject()
+        judged.append(x)
+        return False
+
+    tally = fast.Tally()
+    with pytest.raises(NoSuchExample):
+        fast.find(
+            st.integers(0, 10**6),
+            condition,
+            settings=config(50),
+            seed=3,
+            tally=tally,
+        )
+    assert len(judged) == tally.run == 50
+    assert tally.rejected > 0 and tally.stopped_early is None
+
+
+def test_nothing_but_rejections_is_unsatisfiable() -> None:
+    with pytest.raises(Unsatisfiable):
+        fast.find(
+            st.integers(0, 10),
+            lambda x: reject(),
+            settings=config(20),
+            seed=0,
+        )
+
+
+def planted(xs: list[int]) -> bool:
+    return sum(xs) > 100 and len(xs) > 2
+
+
+def test_a_planted_bug_shrinks_to_the_minimal_case_find_reaches() -> None:
+    strategy = st.lists(st.integers(0, 100), max_size=30)
+    ours = fast.find(strategy, planted, settings=config(), seed=0)
+    theirs = find(strategy, planted, settings=config(), random=Random(0))
+    assert ours == theirs
+    assert len(ours) == 3 and sum(ours) == 101
+
+
+def test_the_same_seed_finds_and_shrinks_the_same_case() -> None:
+    strategy = st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=20
+    )
+
+    def condition(pairs: list[tuple[int, int]]) -> bool:
+        return sum(a * b for a, b in pairs) > 1500
+
+    runs = [
+        repr(fast.find(strategy, condition, settings=config(), seed=seed))
+        for seed in (5, 5, 6, 6)
+    ]
+    assert runs[0] == runs[1] and runs[2] == runs[3]
+
+
+def test_without_shrinking_the_first_failing_case_is_returned() -> None:
+    judged: list[list[int]] = []
+
+    def condition(xs: list[int]) -> bool:
+        judged.append(xs)
+        return planted(xs)
+
+    found = fast.find(
+        st.lists(st.integers(0, 100), max_size=30),
+        condition,
+        settings=config(shrink=False),
+        seed=0,
+    )
+    first_failing = next(xs for xs in judged if planted(xs))
+    assert found == first_failing
+
+
+def test_a_database_is_replayed_first_and_given_the_failing_case() -> None:
+    database = InMemoryExampleDatabase()
+    strategy = st.lists(st.integers(0, 100), max_size=30)
+    first = fast.find(
+        strategy, planted, settings=config(database=database), seed=0, database_key=b"k"
+    )
+    assert list(database.fetch(b"k"))
+    judged: list[list[int]] = []
+
+    def condition(xs: list[int]) -> bool:
+        judged.append(xs)
+        return planted(xs)
+
+    # Another seed: only the database can make its first case the failing one.
+    again = fast.find(
+        strategy,
+        condition,
+        settings=config(database=database),
+        seed=99,
+        database_key=b"k",
+    )
+    assert again == first
+    assert judged[0] == first
