@@ -55,6 +55,15 @@ def _filled(cls: type[_T], data: dict[str, Any]) -> _T:
     return record
 
 
+def _made(cls: type[_T], *values: Any) -> _T:
+    """An instance of the flat frozen dataclass ``cls`` holding ``values``, in
+    field order: what ``cls(*values)`` gives, without a ``object.__setattr__``
+    per field, for the records every sync of every rank makes."""
+    record = object.__new__(cls)
+    record.__dict__.update(zip(_FIELD_NAMES[cls], values, strict=True))
+    return record
+
+
 def _json_fields(record: Any) -> dict[str, Any]:
     """A flat record's fields by name, in declaration order (the JSON key order).
 
@@ -95,6 +104,29 @@ class Descriptor(_WithMode):
     num_active_loras: int = 0
     num_ubatches: int = 1
 
+    @classmethod
+    def unchecked(
+        cls,
+        cg_mode: CudagraphMode,
+        num_tokens: int,
+        num_reqs: int | None,
+        uniform_token_count: int | None,
+        max_query_len: int | None,
+        num_active_loras: int,
+        num_ubatches: int,
+    ) -> Descriptor:
+        """Same as the constructor with every field given; see :func:`_made`."""
+        return _made(
+            cls,
+            cg_mode,
+            num_tokens,
+            num_reqs,
+            uniform_token_count,
+            max_query_len,
+            num_active_loras,
+            num_ubatches,
+        )
+
 
 @dataclass(frozen=True)
 class Agreement:
@@ -114,6 +146,28 @@ class Agreement:
     skip_drafts: bool | None = None
     cg_mode: CudagraphMode | None = None
     ubatch: bool | None = None
+
+    @classmethod
+    def unchecked(
+        cls,
+        num_tokens_across_dp: tuple[int, ...],
+        uniform_token_count: int | None,
+        eager: bool | None,
+        num_reqs: int | None,
+        skip_drafts: bool | None,
+    ) -> Agreement:
+        """Same as the constructor with the V2 fields given (the V1 runner's
+        left None); see :func:`_made`."""
+        return _made(
+            cls,
+            num_tokens_across_dp,
+            uniform_token_count,
+            eager,
+            num_reqs,
+            skip_drafts,
+            None,
+            None,
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = _json_fields(self)
@@ -167,9 +221,38 @@ class SyncRecord:
                 "or an error (it raised), not both or neither"
             )
 
+    @classmethod
+    def returned(
+        cls,
+        phase: str,
+        inputs: RankBatch,
+        reused: bool,
+        solo: bool,
+        descriptor: Descriptor,
+        agreement: Agreement | None,
+    ) -> SyncRecord:
+        """The record of a call that returned ``descriptor``: the constructor's
+        record without its either-or check, which a given descriptor and no
+        error pass by construction (one is made for every sync of every rank)."""
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields["phase"] = phase
+        fields["inputs"] = inputs
+        fields["reused"] = reused
+        fields["solo"] = solo
+        fields["descriptor"] = descriptor
+        fields["agreement"] = agreement
+        fields["error"] = None
+        return record
+
     @property
     def raised(self) -> bool:
         return self.error is not None
+
+    def to_event(self) -> dict[str, Any]:
+        """:meth:`to_json`, keeping this record for :func:`recorded_syncs` in
+        this process (see :class:`_Written`)."""
+        return _written(self.to_json(), self, self.inputs)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -250,6 +333,11 @@ class ExpectRecord:
     phase: str
     choices: tuple[Choice, ...]
 
+    def to_event(self) -> dict[str, Any]:
+        """:meth:`to_json`, keeping this record for :func:`expect_records` in
+        this process (see :class:`_Written`)."""
+        return _written(self.to_json(), self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "phase": self.phase,
@@ -268,6 +356,47 @@ class ExpectRecord:
             raise ValueError(f"malformed expect record: {problem!r}") from problem
 
 
+class _Written(dict[str, Any]):
+    """A record's JSON form (its ``to_json()``) that keeps the record itself.
+
+    A run is judged in the process that ran it, and the judge reads every
+    sync of every rank back off the trace: parsing the JSON that was just
+    written from an equal record cost about as much as writing it. So the
+    record rides along, and :func:`_read_back` hands it back instead of
+    parsing. It is a cache, not part of the trace: the dict is the trace's
+    payload, unchanged, and a pickled or copied one is a plain dict.
+    """
+
+    __slots__ = ("record",)
+    record: Any
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (dict, (dict(self),))
+
+
+def _written(data: dict[str, Any], record: Any, inputs: Any = None) -> dict[str, Any]:
+    """``data`` (``record.to_json()``) keeping ``record``, when parsing it back
+    gives an equal record: a sync whose inputs are a :class:`RankBatch` (any
+    other :class:`~dpsim.records.case.SyncInputs` reads back as one)."""
+    if inputs is not None and type(inputs) is not RankBatch:
+        return data
+    written = _Written(data)
+    written.record = record
+    return written
+
+
+_R = TypeVar("_R", "SyncRecord", "ExpectRecord")
+
+
+def _read_back(cls: type[_R], payload: dict[str, Any]) -> _R:
+    """The record ``payload`` is the JSON form of: the one it was written
+    from, where it kept it, else parsed."""
+    if type(payload) is _Written and type(payload.record) is cls:
+        record: _R = payload.record
+        return record
+    return cls.from_json(payload)
+
+
 class TraceEvent(Protocol):
     """What these records need of a trace event: its kind, place and payload."""
 
@@ -284,7 +413,7 @@ def recorded_syncs(events: Iterable[TraceEvent]) -> Iterator[tuple[int, SyncReco
     rank had entered before recording it."""
     for event in events:
         if event.kind == SYNC_EVENT:
-            yield event.after_collectives, SyncRecord.from_json(event.payload)
+            yield event.after_collectives, _read_back(SyncRecord, event.payload)
 
 
 def sync_records(events: Iterable[TraceEvent]) -> list[SyncRecord]:
@@ -296,4 +425,4 @@ def expect_records(events: Iterable[TraceEvent]) -> Iterator[ExpectRecord]:
     """The oracle's records in one rank's events, in order."""
     for event in events:
         if event.kind == EXPECT_EVENT:
-            yield ExpectRecord.from_json(event.payload)
+            yield _read_back(ExpectRecord, event.payload)

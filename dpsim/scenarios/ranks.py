@@ -34,6 +34,7 @@ from .expect import table_choices
 from .expect_v1 import v1_choices
 
 _FORWARD_DTYPE = torch.int8
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 
 class ProgramWorld(Protocol):
@@ -135,15 +136,15 @@ def sync(
             world.set_skip_dp_coordination(False)
     api = setting.target.api
     descriptor = api.describe(native_descriptor)
-    returned = SyncRecord(
+    returned = SyncRecord.returned(
         phase,
         batch,
-        reused=reuse is not None,
-        solo=solo,
-        descriptor=descriptor,
-        agreement=api.agreement(native_agreement),
+        reuse is not None,
+        solo,
+        descriptor,
+        api.agreement(native_agreement),
     )
-    record(SYNC_EVENT, returned.to_json())
+    record(SYNC_EVENT, returned.to_event())
     return descriptor, native_agreement
 
 
@@ -175,7 +176,7 @@ def expect(
 
     def record_for(phase: str) -> None:
         if choices is not None:
-            record(EXPECT_EVENT, ExpectRecord(phase, choices).to_json())
+            record(EXPECT_EVENT, ExpectRecord(phase, choices).to_event())
 
     record_for(phase)
     return record_for
@@ -233,7 +234,14 @@ def moe_collectives(
     """
     microbatches = max(num_ubatches, 1)
     if eager:
-        count = torch.tensor([num_tokens], dtype=torch.int32)
+        # torch.full: the same one-element tensor as torch.tensor([n]), in a
+        # third of the time (made on every eager forward of every rank); a
+        # count int32 cannot hold keeps torch.tensor's own refusal.
+        count = (
+            torch.full((1,), num_tokens, dtype=torch.int32)
+            if _INT32_MIN <= num_tokens <= _INT32_MAX
+            else torch.tensor([num_tokens], dtype=torch.int32)
+        )
         gathered = torch.empty(group.size(), dtype=torch.int32)
         for _ in range(microbatches):
             dist.all_gather_into_tensor(gathered, count, group=group)

@@ -97,9 +97,7 @@ class SyncAPI:
         if self.entry == SYNC_ONLY:
             return self._call_sync_only(manager, inputs, dp_size, dp_rank)
         kwargs: dict[str, Any] = {
-            name: getattr(inputs, name)
-            for name in _OPTIONAL_INPUTS
-            if name in self.parameters
+            name: getattr(inputs, name) for name in self._optional_taken
         }
         if "parallel_config" in self.parameters:
             kwargs["parallel_config"] = parallel_config
@@ -152,13 +150,28 @@ class SyncAPI:
 
     def unsupported_input(self, inputs: SyncInputs) -> str | None:
         """The first input set away from its default that this sync cannot take."""
-        for name, feature in _OPTIONAL_INPUTS.items():
-            default = SyncInputs.__dataclass_fields__[name].default
-            if getattr(inputs, name) != default and feature not in self.parameters:
-                if name == "need_eager" and self.entry == SYNC_ONLY:
-                    continue  # emulated, as the 0.18-0.19 model runner did
+        for name, default in self._optional_refused:
+            if getattr(inputs, name) != default:
                 return name
         return None
+
+    # Both read on every call: worked out once per loaded version.
+    @functools.cached_property
+    def _optional_taken(self) -> tuple[str, ...]:
+        """The optional inputs this sync takes, passed by name."""
+        return tuple(name for name in _OPTIONAL_INPUTS if name in self.parameters)
+
+    @functools.cached_property
+    def _optional_refused(self) -> tuple[tuple[str, Any], ...]:
+        """The optional inputs this sync cannot take, with the default it
+        assumes, in :data:`_OPTIONAL_INPUTS` order."""
+        return tuple(
+            (name, SyncInputs.__dataclass_fields__[name].default)
+            for name, feature in _OPTIONAL_INPUTS.items()
+            if feature not in self.parameters
+            # emulated, as the 0.18-0.19 model runner did
+            and not (name == "need_eager" and self.entry == SYNC_ONLY)
+        )
 
     def _refuse_unsupported(self, inputs: SyncInputs, reuse: Any) -> None:
         name = self.unsupported_input(inputs)
@@ -305,15 +318,22 @@ def _parameters(unbound: Callable[..., Any]) -> frozenset[str]:
 
 def describe(native: Any) -> Descriptor:
     """A version's ``BatchExecutionDescriptor`` as plain values."""
-    return Descriptor(
-        cg_mode=CudagraphMode(native.cg_mode.name),
-        num_tokens=int(native.num_tokens),
-        num_reqs=None if native.num_reqs is None else int(native.num_reqs),
-        uniform_token_count=_optional_int(getattr(native, "uniform_token_count", None)),
-        max_query_len=_optional_int(getattr(native, "max_query_len", None)),
-        num_active_loras=int(getattr(native, "num_active_loras", 0)),
-        num_ubatches=int(getattr(native, "num_ubatches", 1)),
+    # Made for every sync of every rank and every expected choice: the mode
+    # by a lookup (the enum's own call for a name it may refuse) and the
+    # record without its per-field frozen sets.
+    name = native.cg_mode.name
+    return Descriptor.unchecked(
+        _MODE_NAMED.get(name) or CudagraphMode(name),
+        int(native.num_tokens),
+        None if native.num_reqs is None else int(native.num_reqs),
+        _optional_int(getattr(native, "uniform_token_count", None)),
+        _optional_int(getattr(native, "max_query_len", None)),
+        int(getattr(native, "num_active_loras", 0)),
+        int(getattr(native, "num_ubatches", 1)),
     )
+
+
+_MODE_NAMED = {mode.value: mode for mode in CudagraphMode}
 
 
 def agreement_of(native: Any) -> Agreement | None:
@@ -321,20 +341,22 @@ def agreement_of(native: Any) -> Agreement | None:
     if native is None:
         return None
     if not dataclasses.is_dataclass(native):
-        return Agreement(num_tokens_across_dp=tuple(int(v) for v in native.tolist()))
+        return Agreement(num_tokens_across_dp=tuple(map(int, native.tolist())))
     return _state_agreement(native)
 
 
 def _state_agreement(state: Any) -> Agreement:
-    return Agreement(
-        num_tokens_across_dp=tuple(int(v) for v in state.num_tokens_across_dp.tolist()),
-        uniform_token_count=_optional_int(state.uniform_token_count),
-        eager=bool(state.eager),
-        num_reqs=_optional_int(getattr(state, "num_reqs", None)),
-        skip_drafts=(
-            bool(state.skip_drafts) if hasattr(state, "skip_drafts") else None
-        ),
+    skip_drafts = getattr(state, "skip_drafts", _ABSENT)
+    return Agreement.unchecked(
+        tuple(map(int, state.num_tokens_across_dp.tolist())),
+        _optional_int(state.uniform_token_count),
+        bool(state.eager),
+        _optional_int(getattr(state, "num_reqs", None)),
+        None if skip_drafts is _ABSENT else bool(skip_drafts),
     )
+
+
+_ABSENT = object()
 
 
 def _optional_int(value: Any) -> int | None:
