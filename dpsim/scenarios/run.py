@@ -65,18 +65,17 @@ def tables_for(target: Target, policy: CapturePolicy, dp_size: int) -> Tables:
 
 def setting_for(target: Target, case: Case) -> RankSetting:
     dp_size = case.dp_size
-    tables = tables_for(target, case.policy, dp_size)
-    needs_drafter = case.scenario == "drafter"
+    manager, drafter_prefill, drafter_decode = _managers(
+        target, case.policy, dp_size, case.scenario == "drafter"
+    )
     return RankSetting(
         target=target,
         dp_size=dp_size,
-        manager=manager_for(target, tables.target),
-        drafter_prefill_manager=(
-            manager_for(target, tables.drafter_prefill) if needs_drafter else None
-        ),
-        drafter_decode_manager=(
-            manager_for(target, tables.drafter_decode) if needs_drafter else None
-        ),
+        manager=manager,
+        drafter_prefill_manager=drafter_prefill,
+        drafter_decode_manager=drafter_decode,
+        # Fresh for every case, unlike the managers: a plain object the
+        # target is handed, so nothing it could do to one outlives the case.
         parallel_config=target.parallel_config(dp_size, 0, case.policy.microbatching),
         rank_parallel_configs=(
             tuple(
@@ -86,6 +85,26 @@ def setting_for(target: Target, case: Case) -> RankSetting:
             if target.runner == "v1"
             else ()
         ),
+    )
+
+
+# The same policy and size come back case after case (a fixed --policy, a
+# shrink, the caller profile's few configs), and working their tables out
+# again cost about a tenth of a simulated 8-rank case. A refusal is not
+# cached: PolicyRefused is raised again, fresh, every time.
+@functools.lru_cache(maxsize=256)
+def _managers(
+    target: Target, policy: CapturePolicy, dp_size: int, needs_drafter: bool
+) -> tuple[Any, Any, Any]:
+    """The target's manager for ``policy`` at ``dp_size``, and the drafter's
+    prefill and decode ones when the scenario runs a drafter (else None)."""
+    tables = tables_for(target, policy, dp_size)
+    if not needs_drafter:
+        return manager_for(target, tables.target), None, None
+    return (
+        manager_for(target, tables.target),
+        manager_for(target, tables.drafter_prefill),
+        manager_for(target, tables.drafter_decode),
     )
 
 
