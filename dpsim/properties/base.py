@@ -166,14 +166,23 @@ class Evidence:
 
     def syncs_and_their_collectives(
         self, trace: RankTrace
-    ) -> Iterator[tuple[SyncRecord, tuple[Any, ...]]]:
-        """Each sync one rank recorded, with the collectives it entered since
-        the previous sync (that sync's forward included): the ones on a DP
-        group are the sync's own."""
+    ) -> Iterator[tuple[SyncRecord, Callable[[], tuple[Any, ...]]]]:
+        """Each sync one rank recorded, with a function giving the collectives
+        it entered since the previous sync (that sync's forward included): the
+        ones on a DP group are the sync's own.
+
+        A function, called only for the syncs a property looks into: the first
+        read of a rank's collectives builds every record of the rank, which
+        costs more than judging a run whose syncs need none of them.
+        """
         entered_before = 0
         for after_collectives, record in self.syncs[trace.rank]:
-            yield record, trace.collectives[entered_before:after_collectives]
+            yield record, _entered(trace, entered_before, after_collectives)
             entered_before = after_collectives
+
+
+def _entered(trace: RankTrace, start: int, stop: int) -> Callable[[], tuple[Any, ...]]:
+    return lambda: trace.collectives[start:stop]
 
 
 def on_dp_group(collectives: tuple[Any, ...]) -> bool:

@@ -42,7 +42,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             # it was not the latest fresh one; else that one.
             expected = next(handed) or given
             if record.reused and not record.raised and expected is not None:
-                if on_dp_group(issued):
+                if on_dp_group(issued()):
                     return Verdict(
                         NAME,
                         record.phase,

@@ -40,7 +40,7 @@ def judge(evidence: Evidence) -> Verdict | None:
             if record.raised:
                 continue  # no-error's to report
             rank = (trace.rank,)
-            if on_dp_group(issued):
+            if on_dp_group(issued()):
                 return Verdict(
                     NAME,
                     name,
