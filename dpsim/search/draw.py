@@ -37,11 +37,20 @@ Choices = tuple[Any, ...]
 
 
 class FastData(ConjectureData):
-    """A ConjectureData that records the choices drawn and nothing else."""
+    """A ConjectureData that records the choices drawn and nothing else.
 
-    def __init__(self, random: Random) -> None:
+    ``replay``: choices taken first, in place of the provider's, as
+    Hypothesis' engine does with a prefix (:mod:`dpsim.search.fast` replays an
+    earlier case's first part this way).
+    """
+
+    def __init__(self, random: Random, replay: Choices = ()) -> None:
         super().__init__(random=random)
         self.drawn: list[Any] = []
+        self.replay = replay
+        #: How many choices the first draw nested in the top-level one took
+        #: (a case's policy): None until it ends.
+        self.first_part: int | None = None
 
     def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
         # Pooling only saves memory across the engine's many stored cases.
@@ -55,7 +64,11 @@ class FastData(ConjectureData):
         observe: bool,
         forced: Any,
     ) -> Any:
-        if forced is None:
+        if observe and len(self.drawn) < len(self.replay):
+            # The same choices down the same strategies: the constraints
+            # are those the replayed value was drawn under.
+            value = self.replay[len(self.drawn)] if forced is None else forced
+        elif forced is None:
             value = getattr(self.provider, f"draw_{choice_type}")(**constraints)
         else:
             value = forced
@@ -90,6 +103,8 @@ class FastData(ConjectureData):
             return unwrap_strategies(strategy).do_draw(self)
         finally:
             self.depth -= 1
+            if self.depth == 1 and self.first_part is None:
+                self.first_part = len(self.drawn)
 
     def conclude_test(
         self,
@@ -101,12 +116,13 @@ class FastData(ConjectureData):
 
 
 def draw(
-    strategy: SearchStrategy[T], random: Random
+    strategy: SearchStrategy[T], random: Random, replay: Choices = ()
 ) -> tuple[T, Choices, FastData] | None:
     """One value of ``strategy``, the choices it took and the data object
     (:func:`context` runs the case's test in it); None when the draw was
-    rejected (a filter or ``assume`` gave up, or the choices overran)."""
-    data = FastData(random)
+    rejected (a filter or ``assume`` gave up, or the choices overran).
+    ``replay``'s choices are taken first (:class:`FastData`)."""
+    data = FastData(random, replay)
     try:
         with context(data):
             value = data.draw(strategy)
