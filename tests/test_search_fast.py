@@ -207,3 +207,33 @@ def test_a_database_is_replayed_first_and_given_the_failing_case() -> None:
     )
     assert again == first
     assert judged[0] == first
+
+
+@st.composite
+def headed(draw: st.DrawFn) -> tuple[int, int]:
+    return draw(st.integers(0, 10**9)), draw(st.integers(0, 10**9))
+
+
+def test_a_draw_starting_with_replayed_choices_is_the_one_hypothesis_replays() -> None:
+    first = draw(headed(), Random(0))
+    assert first is not None and first[2].first_part == 1
+    again = draw(headed(), Random(1), replay=first[1][:1])
+    assert again is not None
+    value, choices, _ = again
+    assert value[0] == first[0][0] and value[1] != first[0][1]
+    assert replayed(headed(), choices) == value
+
+
+def test_some_cases_start_with_an_earlier_cases_first_part() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def condition(value: tuple[int, int]) -> bool:
+        seen.append(value)
+        return False
+
+    with pytest.raises(NoSuchExample):
+        fast.find(headed(), condition, settings=config(90), seed=0)
+    heads = {head for head, _ in seen}
+    assert len(seen) == len(set(seen)) == 90
+    # About one case in three draws its own first part.
+    assert 15 <= len(heads) <= 50
