@@ -25,7 +25,7 @@ from typing import Any
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.records.sync import Choice
-from dpsim.targets.adapters import describe, dispatch
+from dpsim.targets.adapters import describe, dispatch, plain_mode
 
 
 def expected_split(batches: Sequence[RankBatch], settings: Microbatching | None) -> int:
@@ -103,7 +103,7 @@ def table_choices(
 
 def _alone(manager: Any, batch: RankBatch) -> CudagraphMode:
     """The mode this rank's own batch gets from the table: its vote."""
-    return describe(
+    return plain_mode(
         dispatch(
             manager,
             batch.num_reqs,
@@ -111,8 +111,8 @@ def _alone(manager: Any, batch: RankBatch) -> CudagraphMode:
             batch.uniform_token_count,
             num_active_loras=batch.num_active_loras,
             max_query_len=batch.max_query_len,
-        )
-    ).cg_mode
+        ).cg_mode
+    )
 
 
 def _split_choice(

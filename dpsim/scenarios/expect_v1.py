@@ -19,7 +19,6 @@ for a restricted lookup (0.12's takes neither ``invalid_modes`` nor
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.records.sync import Choice
+from dpsim.targets.adapters import parameters_of, plain_mode
 from dpsim.targets.v1.api import DUMMY_KINDS, request_counts
 from dpsim.targets.v1.dispatcher import model_is_encoder_decoder
 
@@ -185,7 +185,7 @@ def _lookup(
     (``only`` None, a rank's own lookup; any but FULL with ``disable_full``),
     or ``only`` that mode else eager at ``tokens`` (the lookup at the agreed
     count, restricted to the agreed mode)."""
-    accepted = inspect.signature(dispatcher.dispatch).parameters
+    accepted = parameters_of(dispatcher.dispatch)
     if "num_tokens" not in accepted:
         raise _Unanswerable  # 0.11's dispatcher takes a descriptor, not counts
     kwargs: dict[str, Any] = {
@@ -203,7 +203,7 @@ def _lookup(
         elif disable_full:
             raise _Unanswerable  # 0.12's dispatcher cannot leave FULL out
     native_mode, descriptor = dispatcher.dispatch(**kwargs)
-    mode = CudagraphMode(native_mode.name)
+    mode = plain_mode(native_mode)
     if only is None:
         return mode, int(descriptor.num_tokens)
     if _LEVEL[mode] > _LEVEL[only]:

@@ -296,17 +296,20 @@ def dispatch(
     ``num_active_loras`` became a required parameter in 0.24; a version that
     takes it gets 0 unless told otherwise.
     """
-    method = manager.dispatch
-    unbound = getattr(method, "__func__", None)
-    accepted = (
-        _parameters(unbound)
-        if unbound is not None
-        else frozenset(inspect.signature(method).parameters)
-    )
+    accepted = parameters_of(manager.dispatch)
     if "num_active_loras" in accepted:
         optional.setdefault("num_active_loras", 0)
     kwargs = {name: value for name, value in optional.items() if name in accepted}
     return manager.dispatch(num_reqs, num_tokens, uniform_token_count, **kwargs)
+
+
+def parameters_of(method: Callable[..., Any]) -> frozenset[str]:
+    """The parameter names a release's method takes (a bound method's own
+    ``self`` included), read once per function."""
+    unbound = getattr(method, "__func__", None)
+    if unbound is None:
+        return frozenset(inspect.signature(method).parameters)
+    return _parameters(unbound)
 
 
 @functools.lru_cache(maxsize=256)
@@ -321,9 +324,8 @@ def describe(native: Any) -> Descriptor:
     # Made for every sync of every rank and every expected choice: the mode
     # by a lookup (the enum's own call for a name it may refuse) and the
     # record without its per-field frozen sets.
-    name = native.cg_mode.name
     return Descriptor.unchecked(
-        _MODE_NAMED.get(name) or CudagraphMode(name),
+        plain_mode(native.cg_mode),
         int(native.num_tokens),
         None if native.num_reqs is None else int(native.num_reqs),
         _optional_int(getattr(native, "uniform_token_count", None)),
@@ -331,6 +333,13 @@ def describe(native: Any) -> Descriptor:
         int(getattr(native, "num_active_loras", 0)),
         int(getattr(native, "num_ubatches", 1)),
     )
+
+
+def plain_mode(native: Any) -> CudagraphMode:
+    """A release's own ``CUDAGraphMode`` member as dpsim's, by name (the
+    enum's own call, which refuses an unknown name, only on a miss)."""
+    name = native.name
+    return _MODE_NAMED.get(name) or CudagraphMode(name)
 
 
 _MODE_NAMED = {mode.value: mode for mode in CudagraphMode}
