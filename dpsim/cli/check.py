@@ -113,7 +113,8 @@ def register(commands: Any) -> None:
         "--db",
         metavar="URL",
         help="shared example database, replayed first and added to (generation "
-        "then ignores --seed): DIR, redis://HOST:PORT/N or github:OWNER/REPO",
+        "then ignores --seed, except under --engine fast): DIR, "
+        "redis://HOST:PORT/N or github:OWNER/REPO",
     )
     parser.add_argument("--json", action="store_true", help="print one summary object")
     add_engine_argument(parser)
