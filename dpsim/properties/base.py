@@ -160,8 +160,9 @@ class Evidence:
             for record in expect_records(trace.events)
         }
 
-    @property
+    @cached_property
     def complete_phases(self) -> tuple[Phase, ...]:
+        # Read by most properties of every judged run: worked out once.
         return tuple(phase for phase in self.phases if phase.complete)
 
     def syncs_and_their_collectives(

@@ -26,12 +26,14 @@ NAME = "padded-counts"
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         ranks = range(len(phase.records))
-        runs = [phase.descriptor(rank).num_tokens for rank in ranks]
+        runs = tuple([phase.descriptor(rank).num_tokens for rank in ranks])
         for rank in ranks:
             agreement = phase.agreement(rank)
             if agreement is None:
                 continue
             agreed = agreement.num_tokens_across_dp
+            if agreed == runs:
+                continue  # the usual case, seen in one comparison
             if len(agreed) != len(runs):
                 return Verdict(
                     NAME,
