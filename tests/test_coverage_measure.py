@@ -161,6 +161,69 @@ def test_marks_list_a_branch_apart_and_report_reached_and_stale(target: Path) ->
     assert "marked unreachable but reached" in text
 
 
+def test_a_mark_bound_to_a_profile_holds_for_that_profiles_cases_only(
+    target: Path,
+) -> None:
+    # pick(x > 1) is unreachable by the "callers", not by the "contract".
+    marks = (
+        Unreachable(
+            "",
+            "v1/worker/target.py",
+            "pick",
+            "if x > 1:",
+            'return "big"',
+            "callers pass x < 2",
+            profiles=("caller",),
+        ),
+        Unreachable(
+            "",
+            "v1/worker/target.py",
+            "pick",
+            'return "big"',
+            None,
+            "callers pass x < 2",
+            profiles=("caller",),
+        ),
+    )
+    code = load(target)
+    with measure(scopes(target), marks) as measurement:
+        with measurement.running("step", "caller"):
+            code["pick"](0)
+        with measurement.running("step", "contract"):
+            code["pick"](1)
+    result = measurement.result(None)
+    assert result.profiles == ("caller", "contract")
+    (caller,) = result.profile("caller")
+    assert caller.unreachable_branches == {(6, 7): "callers pass x < 2"}
+    assert caller.unreachable_lines == {7: "callers pass x < 2"}
+    assert (6, 7) not in caller.missing_branches and 7 not in caller.missing_lines
+    # The contract must reach it: missing there, and in both profiles' totals.
+    (contract,) = result.profile("contract")
+    (total,) = result.files
+    for file in (contract, total):
+        assert not file.unreachable_branches and not file.unreachable_lines
+        assert (6, 7) in file.missing_branches and 7 in file.missing_lines
+        assert not file.marked.stale  # a mark that does not apply is not stale
+    # A context is judged by its own profile's marks.
+    (step_caller,) = result.context("step", "caller")
+    assert (6, 7) not in step_caller.missing_branches
+    data = result.to_json()
+    assert [item["profile"] for item in data["profiles"]] == ["caller", "contract"]
+    (caller_json,) = data["profiles"][0]["files"]
+    assert caller_json["unreachable_branches"] == {"6->7": "callers pass x < 2"}
+    text = render_text(result)
+    assert "  all profiles together:" in text and "  profile caller:" in text
+    assert "    unreachable target.py:6->7: callers pass x < 2" in text
+    # Reached by the caller profile's cases: reported, for that profile only.
+    with measure(scopes(target), marks) as again, again.running("step", "caller"):
+        code["pick"](2)
+    (reached,) = again.result(None).files
+    assert [mark.reason for mark in reached.marked.reached] == [
+        "callers pass x < 2"
+    ] * 2
+    assert "(profile caller)" in render_text(again.result(None))
+
+
 def test_json_round_trip_and_html(target: Path, tmp_path: Path) -> None:
     code = load(target)
     with measure(scopes(target)) as measurement, measurement.running("step", "caller"):

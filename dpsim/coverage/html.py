@@ -83,6 +83,12 @@ def _index(result: CoverageResult, title: str) -> str:
         f"<h1>{html.escape(title)}</h1><p>{html.escape(HEADING)}.</p>",
         f"<table>{_HEAD}{''.join(_row(file, True) for file in result.files)}</table>",
     ]
+    if len(result.profiles) > 1:
+        # A mark may hold for one profile only: each profile's own totals.
+        for profile in result.profiles:
+            rows = "".join(_row(file, False) for file in result.profile(profile))
+            parts.append(f"<h2>profile {html.escape(profile)}</h2>")
+            parts.append(f"<table>{_HEAD}{rows}</table>")
     for scenario, profile in result.context_keys:
         parts.append(
             f"<h2>scenario {html.escape(scenario)}, profile {html.escape(profile)}</h2>"

@@ -8,6 +8,13 @@ version) says where the reason holds. Reports list a matched branch apart,
 with its reason, and do not count it as missing; an entry whose branch the
 run did take is reported as reached (the reason is wrong there), and one that
 matches nothing in a measured file as stale (the code moved on).
+
+A mark may hold for some profiles only (``profiles``): a branch vLLM's own
+callers never reach is unreachable under the caller profile, which draws only
+what they pass, but the contract profile must reach it. Such a mark applies to
+a set of cases only when every case was drawn under one of its profiles, so
+a run of both profiles together reports the branch missing unless the
+contract's cases took it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,9 @@ class Unreachable:
     #: marks the line ``source`` itself.
     to: str | None
     reason: str
+    #: The profiles whose cases cannot reach it (``("caller",)``); empty for
+    #: every profile.
+    profiles: tuple[str, ...] = ()
 
     def applies_to(self, version: str | None) -> bool:
         if not self.releases:
@@ -48,10 +58,20 @@ class Unreachable:
         except (InvalidSpecifier, InvalidVersion) as error:
             raise UsageError(f"unreachable mark {self.shown}: {error}") from error
 
+    def holds_for(self, profiles: tuple[str, ...]) -> bool:
+        """Whether the mark explains a miss by cases of ``profiles`` (every
+        profile the cases were drawn under)."""
+        if not self.profiles:
+            return True
+        return bool(profiles) and all(name in self.profiles for name in profiles)
+
     @property
     def shown(self) -> str:
         where = f"{self.file} {self.function}: {self.source!r}"
-        return where if self.to is None else f"{where} -> {self.to!r}"
+        where = where if self.to is None else f"{where} -> {self.to!r}"
+        if self.profiles:
+            return f"{where} (profile {', '.join(self.profiles)})"
+        return where
 
 
 @dataclass(frozen=True)
@@ -73,14 +93,19 @@ def match(
     version: str | None,
     executed_lines: frozenset[int],
     executed_branches: frozenset[Arc],
+    profiles: tuple[str, ...] = (),
 ) -> Marked:
-    """Which of ``analysis``' lines and branches ``marks`` explain."""
+    """Which of ``analysis``' lines and branches ``marks`` explain, for cases
+    drawn under ``profiles`` (a profile-bound mark applies only where it
+    holds for all of them)."""
     lines: dict[int, str] = {}
     branches: dict[Arc, str] = {}
     reached: list[Unreachable] = []
     stale: list[Unreachable] = []
     for mark in marks:
         if mark.file != analysis.scope.display or not mark.applies_to(version):
+            continue
+        if not mark.holds_for(profiles):
             continue
         hit = False
         if mark.to is None:

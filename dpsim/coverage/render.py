@@ -56,34 +56,21 @@ def _counts(file: FileCoverage) -> str:
 
 
 def render_text(result: CoverageResult, html_index: str | None = None) -> str:
-    """The report's section: each file's totals and what never ran, then each
-    (scenario, profile)'s totals."""
+    """The report's section: each file's totals and what never ran (each
+    profile's apart where several ran, since a mark may hold for one profile
+    only), then each (scenario, profile)'s totals."""
     short = short_names(result.files)
-    lines = [HEADING + ":"]
-    for file in result.files:
-        name = short[file.display]
-
-        def listed(items: Iterable[str], name: str = name) -> str:
-            return ", ".join(f"{name}:{item}" for item in items)
-
-        lines.append(f"  {file.display}{_functions(file)}: {_counts(file)}")
-        if file.missing_lines:
-            lines.append(
-                f"    lines never run: {listed(map(str, sorted(file.missing_lines)))}"
-            )
-        if file.missing_branches:
-            lines.append(
-                "    branches never taken: "
-                + listed(map(arc_text, sorted(file.missing_branches)))
-            )
-        for line, reason in sorted(file.unreachable_lines.items()):
-            lines.append(f"    unreachable {name}:{line}: {reason}")
-        for arc, reason in sorted(file.unreachable_branches.items()):
-            lines.append(f"    unreachable {name}:{arc_text(arc)}: {reason}")
-        for mark in file.marked.reached:
-            lines.append(f"    marked unreachable but reached: {mark.shown}")
-        for mark in file.marked.stale:
-            lines.append(f"    unreachable mark matches nothing here: {mark.shown}")
+    profiles = result.profiles
+    if len(profiles) > 1:
+        lines = [HEADING + ":", "  all profiles together:"]
+        lines += _file_lines(result.files, short, "    ")
+        for profile in profiles:
+            lines.append(f"  profile {profile}:")
+            lines += _file_lines(result.profile(profile), short, "    ")
+    else:
+        named = f", profile {profiles[0]}" if profiles else ""
+        lines = [HEADING + named + ":"]
+        lines += _file_lines(result.files, short, "  ")
     if result.context_keys:
         lines.append("  per scenario and profile:")
         width = max(len(scenario) for scenario, _ in result.context_keys)
@@ -96,3 +83,37 @@ def render_text(result: CoverageResult, html_index: str | None = None) -> str:
     if html_index is not None:
         lines.append(f"  html: {html_index}")
     return "\n".join(lines)
+
+
+def _file_lines(
+    files: Iterable[FileCoverage], short: dict[str, str], indent: str
+) -> list[str]:
+    """Each file's totals, what never ran, what marks explain (with their
+    reasons) and marks found reached or matching nothing."""
+    lines = []
+    for file in files:
+        name = short[file.display]
+
+        def listed(items: Iterable[str], name: str = name) -> str:
+            return ", ".join(f"{name}:{item}" for item in items)
+
+        lines.append(f"{indent}{file.display}{_functions(file)}: {_counts(file)}")
+        inner = indent + "  "
+        if file.missing_lines:
+            lines.append(
+                f"{inner}lines never run: {listed(map(str, sorted(file.missing_lines)))}"
+            )
+        if file.missing_branches:
+            lines.append(
+                f"{inner}branches never taken: "
+                + listed(map(arc_text, sorted(file.missing_branches)))
+            )
+        for line, reason in sorted(file.unreachable_lines.items()):
+            lines.append(f"{inner}unreachable {name}:{line}: {reason}")
+        for arc, reason in sorted(file.unreachable_branches.items()):
+            lines.append(f"{inner}unreachable {name}:{arc_text(arc)}: {reason}")
+        for mark in file.marked.reached:
+            lines.append(f"{inner}marked unreachable but reached: {mark.shown}")
+        for mark in file.marked.stale:
+            lines.append(f"{inner}unreachable mark matches nothing here: {mark.shown}")
+    return lines

@@ -1,4 +1,4 @@
-"""What a measured run covered of the target, in total and per (scenario, profile).
+"""What a measured run covered of the target: in total, per profile, per context.
 
 :class:`CoverageResult` holds, per context and scoped file, the executed
 lines and branches (already restricted to the scope); everything else (what
@@ -126,20 +126,36 @@ class CoverageResult:
 
     @cached_property
     def files(self) -> tuple[FileCoverage, ...]:
-        """Every scoped file over the whole run, in scope order."""
-        return self._files(self.contexts.values())
+        """Every scoped file over the whole run, in scope order (a mark bound
+        to profiles applies only if it holds for every profile run; cases
+        counted to no profile do not restrict the marks)."""
+        return self._files(self.contexts.values(), self.profiles)
 
     def context(self, scenario: str, profile: str) -> tuple[FileCoverage, ...]:
         """Every scoped file over one (scenario, profile)'s cases."""
-        return self._files([self.contexts.get((scenario, profile), {})])
+        return self._files([self.contexts.get((scenario, profile), {})], (profile,))
+
+    def profile(self, name: str) -> tuple[FileCoverage, ...]:
+        """Every scoped file over one profile's cases, every scenario's."""
+        return self._files(
+            [files for (_, profile), files in self.contexts.items() if profile == name],
+            (name,),
+        )
 
     @property
     def context_keys(self) -> tuple[tuple[str, str], ...]:
         """The (scenario, profile) pairs measured (not the unnamed one)."""
         return tuple(key for key in self.contexts if key != ("", ""))
 
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        """The profiles measured, in the order first run (not the unnamed one)."""
+        return tuple({profile: None for _, profile in self.context_keys if profile})
+
     def _files(
-        self, contexts: Iterable[dict[str, tuple[frozenset[int], frozenset[Arc]]]]
+        self,
+        contexts: Iterable[dict[str, tuple[frozenset[int], frozenset[Arc]]]],
+        profiles: tuple[str, ...],
     ) -> tuple[FileCoverage, ...]:
         chosen = list(contexts)
         marks = self._marks()
@@ -158,7 +174,14 @@ class CoverageResult:
                     analysis,
                     executed_lines,
                     executed_arcs,
-                    match(analysis, marks, self.version, executed_lines, executed_arcs),
+                    match(
+                        analysis,
+                        marks,
+                        self.version,
+                        executed_lines,
+                        executed_arcs,
+                        profiles,
+                    ),
                 )
             )
         return tuple(found)
@@ -182,11 +205,20 @@ class CoverageResult:
         return CoverageResult(scopes, self.version, contexts, self.marks)
 
     def to_json(self) -> dict[str, Any]:
-        """Totals and per-context figures (what ``--json`` prints) plus the raw
-        executed sets (what :meth:`from_json` reads back)."""
+        """Totals, each profile's files in full (what it reached, what its
+        marks explain, what is missing), per-context figures (what
+        ``--json`` prints) plus the raw executed sets (what :meth:`from_json`
+        reads back)."""
         return {
             "version": self.version,
             "files": [file.to_json() for file in self.files],
+            "profiles": [
+                {
+                    "profile": profile,
+                    "files": [file.to_json() for file in self.profile(profile)],
+                }
+                for profile in self.profiles
+            ],
             "contexts": [
                 {
                     "scenario": scenario,

@@ -6,7 +6,10 @@ text so an entry survives line moves between releases, is
 apart with its reason instead of as missing.
 
 "Unreachable" means: not by ``dpsim check`` under its defaults (2..16 ranks,
-the sync lane's callers), for the reason given. An entry the run does reach is
+the sync lane's callers), for the reason given; an entry with ``profiles``
+holds for those profiles only (the caller profile draws only what vLLM's
+callers pass, so a branch they never reach is marked for it alone, with the
+caller's lines that show why). An entry the run does reach is
 reported as reached, and one that matches nothing as stale, so the table
 cannot quietly go out of date.
 """
@@ -20,6 +23,22 @@ _V1 = "v1/worker/dp_utils.py"
 _V1_CALLER = "v1/worker/gpu_model_runner.py"
 _V1_METHOD = "GPUModelRunner._determine_batch_execution_and_padding"
 _V1_DISPATCHER = "v1/cudagraph_dispatcher.py"
+
+#: Why vLLM's V2 callers never sync a step on which no rank has work.
+_EVERY_RANK_HAS_WORK = (
+    "vLLM's callers never reach this: every V2 rank that syncs has at least "
+    "one token. GPUModelRunner.execute_model (v1/worker/gpu/model_runner.py) "
+    "returns before the sync when nothing is scheduled (`if "
+    "scheduler_output.total_num_scheduled_tokens == 0:`, 0.29.0 line 1534, "
+    "0.33.0 line 1792), and a dummy run of no requests would raise before it "
+    "(`max(scheduler_output.num_scheduled_tokens.values())`, 0.29.0 line 1544, "
+    "0.33.0 line 1802; the worker's dummy batch is uniform_decode_query_len "
+    ">= 1 tokens); the speculators sync only after such a forward, with at "
+    "least one token per request (0.29.0 autoregressive/speculator.py line "
+    "341, dflash/speculator.py line 336); an all-idle DP step does not sync, "
+    "since the engine does not step. The contract profile reaches it (the "
+    "signature takes 0 tokens)"
+)
 
 #: Why a single DP rank is never simulated by ``check``.
 _ONE_RANK = (
@@ -103,6 +122,30 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         source="return batch_desc, None",
         to=None,
         reason=_ONE_RANK,
+    ),
+    Unreachable(
+        releases=">=0.18",
+        file=_V2,
+        function="sync_cudagraph_and_dp_padding",
+        source="if torch.all(num_tokens_across_dp == 0).item():",
+        to="synced_desc = BatchExecutionDescriptor(",
+        reason=_EVERY_RANK_HAS_WORK,
+        profiles=("caller",),
+    ),
+    *(
+        Unreachable(
+            ">=0.18",
+            _V2,
+            "sync_cudagraph_and_dp_padding",
+            line,
+            None,
+            _EVERY_RANK_HAS_WORK,
+            profiles=("caller",),
+        )
+        for line in (
+            "synced_desc = BatchExecutionDescriptor(",
+            "return synced_desc, None",
+        )
     ),
     *(
         Unreachable(
