@@ -1,5 +1,6 @@
 """Branch reach without a release: the contract profile's steered steps and drafter
-reuse calls, what they draw and how a case carries them."""
+reuse calls, what they draw and how a case carries them, and the V1 caller
+profile's microbatching veto."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from random import Random
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from dpsim.coverage.unreachable import UNREACHABLE
 from dpsim.errors import UsageError
-from dpsim.records.case import Case, RankBatch, ReuseCall
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.case import PROFILES, Case, RankBatch, ReuseCall
+from dpsim.records.policy import CapturePolicy, Microbatching
+from dpsim.scenarios.generate_v1 import V1CallerModel, caller_batches
 from dpsim.scenarios.reuse_calls import reuse_calls
 from dpsim.scenarios.steer import bound_straddles
 
@@ -177,3 +180,56 @@ def test_every_unreachable_mark_gives_a_reason_and_a_release_range() -> None:
     for mark in UNREACHABLE:
         assert mark.reason.strip() and mark.releases and mark.source
         mark.applies_to("0.33.0")  # a valid specifier
+        assert set(mark.profiles) <= set(PROFILES)
+        if mark.profiles == ("caller",):
+            # Why vLLM's callers never get there, with the lines that show it.
+            assert mark.reason.startswith("vLLM's callers never reach this: ")
+            assert " line " in mark.reason
+
+
+UBATCHED = CapturePolicy(
+    capture_sizes=(1, 2, 4, 8, 16, 32),
+    cudagraph_mode="FULL_AND_PIECEWISE",
+    max_num_seqs=16,
+    decode_query_len=2,
+    microbatching=Microbatching(),
+)
+
+
+def _v1_caller_steps(veto: bool, policy: CapturePolicy = UBATCHED):
+    model = V1CallerModel(
+        dummy_of_decode_length=True, lora_counts=True, microbatch_veto=veto
+    )
+    step = caller_batches(model, policy, "step")
+
+    @st.composite
+    def steps(draw: st.DrawFn) -> list[RankBatch]:
+        return step(draw, draw(st.integers(2, 4)))
+
+    return steps()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_the_v1_callers_veto_microbatching_only_where_a_prefix_can_split(
+    data: st.DataObject,
+) -> None:
+    # 0.28+'s _allow_microbatching: a prefill longer than a decode reading a
+    # prefix that another prefill of the step is writing.
+    for rank in data.draw(_v1_caller_steps(veto=True)):
+        if not rank.allow_ubatching:
+            assert rank.kind in ("prefill", "mixed")
+            assert rank.num_reqs >= 2
+            assert (rank.max_query_len or 0) > UBATCHED.decode_query_len
+
+
+def test_the_v1_callers_veto_is_drawn_from_0_28_with_microbatching_only() -> None:
+    def vetoed(steps: list[RankBatch]) -> bool:
+        return any(not rank.allow_ubatching for rank in steps)
+
+    assert vetoed(_first(_v1_caller_steps(veto=True), vetoed))
+    with pytest.raises(NoSuchExample):
+        _first(_v1_caller_steps(veto=False), vetoed)
+    without = replace(UBATCHED, microbatching=None)
+    with pytest.raises(NoSuchExample):
+        _first(_v1_caller_steps(veto=True, policy=without), vetoed)

@@ -10,9 +10,13 @@ flag, ``allow_ubatching`` is ``allow_microbatching``).
 ``caller``   what the V1 runner's own callers pass: ``execute_model``'s uniform
              decodes of ``uniform_decode_query_len`` tokens, speculative
              decodes with fewer drafts on some requests, prefills and mixed
-             batches (never forcing eager or the uniform flag, always allowing
-             microbatching, as 0.12-0.33 pass it), with the LoRA count of the
-             batch; an idle rank's ``execute_dummy_batch`` (``_dummy_run`` of
+             batches (never forcing eager or the uniform flag), with the LoRA
+             count of the batch, allowing microbatching as 0.12-0.27 always
+             do, and from 0.28 (``_allow_microbatching``) refusing it on some
+             batches of two or more prefills, one longer than a decode: a
+             prefill may read a cached prefix that another request of the
+             step is writing, which only the KV cache's state decides; an
+             idle rank's ``execute_dummy_batch`` (``_dummy_run`` of
              one token through 0.18, of ``uniform_decode_query_len`` tokens
              from 0.19, one request, ``force_uniform_decode=True``, no LoRA);
              every rank's profile run (``_dummy_run(is_profile=True)``:
@@ -68,16 +72,24 @@ class V1CallerModel:
     lora_counts: bool
     #: Whether the caller takes ``num_encoder_reqs`` (0.13+).
     encoder_inputs: bool = False
+    #: Whether ``execute_model`` may refuse microbatching for a step that
+    #: splits a prefix from its writer (``_allow_microbatching``, 0.28+).
+    microbatch_veto: bool = False
 
     @classmethod
     def of_version(
-        cls, version: str | None, lora_counts: bool, encoder_inputs: bool = False
+        cls,
+        version: str | None,
+        lora_counts: bool,
+        encoder_inputs: bool = False,
+        microbatch_veto: bool = False,
     ) -> V1CallerModel:
         key = _version_key(version)
         return cls(
             dummy_of_decode_length=key is None or key >= _DUMMY_OF_DECODE_LENGTH,
             lora_counts=lora_counts,
             encoder_inputs=encoder_inputs,
+            microbatch_veto=microbatch_veto,
         )
 
 
@@ -103,6 +115,7 @@ class V1Generation:
                 target.version,
                 lora_counts="force_num_active_loras" in runner,
                 encoder_inputs=target.api.has("num_encoder_reqs"),
+                microbatch_veto="def _allow_microbatching(" in runner,
             ),
             capabilities=Capabilities(
                 has_lora=True, has_varlen_decode=False, has_microbatching=True
@@ -166,6 +179,8 @@ def caller_batches(
     threshold = (
         policy.microbatching.decode_token_threshold if policy.microbatching else 0
     )
+    # Without microbatching configured the veto returns True at once.
+    veto = model.microbatch_veto and policy.microbatching is not None
     # Decode graphs live at capture sizes whole decodes fill; sizes around
     # them and around the threshold are where padding and splitting flip.
     landmarks = sorted({*policy.capture_sizes, *([threshold] if threshold else [])})
@@ -229,11 +244,22 @@ def caller_batches(
         # No chunked prefill for encoder-decoder models: every prefill
         # brings its encoder input.
         encoders = prefill_count if model.encoder_inputs and encoder_decoder else 0
+        longest_prefill = lengths[-1]
         if kind == "mixed":
             decodes = draw(ints(0, max(0, max_reqs - prefills)))
             lengths = [query_len] * decodes + lengths
         kind = "prefill" if kind == "varlen" else kind
-        return batch(lengths, kind, draw, encoders), prefill_count
+        drawn = batch(lengths, kind, draw, encoders)
+        if (
+            veto
+            and prefill_count > 1
+            and longest_prefill > query_len
+            and draw(BOOLEANS)
+        ):
+            # A reader (longer than a decode, on a cached prefix) and its
+            # writer in one step: the veto settles it for every rank.
+            drawn = replace(drawn, allow_ubatching=False)
+        return drawn, prefill_count
 
     def profile_step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         # Every rank profiles the same batch: _dummy_run(is_profile=True).
