@@ -46,6 +46,7 @@ from dpsim.scenarios.generate import (
     seeded_draws_only,
 )
 from dpsim.scenarios.run import why_not_runnable
+from dpsim.search.bounded import bounded_shrinking
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
 
@@ -341,7 +342,7 @@ def _shrunk(
         except _Refused:
             reject()
 
-    with seeded_draws_only():
+    with seeded_draws_only(), bounded_shrinking():
         smallest = find(
             strategy,
             shows,

@@ -35,6 +35,7 @@ from dpsim.records.policy import (
     vllm_default_sizes,
 )
 from dpsim.scenarios.generate import seeded_draws_only
+from dpsim.search.bounded import bounded_shrinking
 from dpsim.targets.load import Target
 
 from .case import RunnerCase
@@ -248,7 +249,7 @@ def run_runner_check(
     )
     finding = None
     try:
-        with seeded_draws_only():
+        with seeded_draws_only(), bounded_shrinking():
             minimal = find(
                 strategy, fails, settings=config, random=Random(options.seed)
             )
