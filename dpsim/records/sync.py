@@ -55,15 +55,6 @@ def _filled(cls: type[_T], data: dict[str, Any]) -> _T:
     return record
 
 
-def _made(cls: type[_T], *values: Any) -> _T:
-    """An instance of the flat frozen dataclass ``cls`` holding ``values``, in
-    field order: what ``cls(*values)`` gives, without a ``object.__setattr__``
-    per field, for the records every sync of every rank makes."""
-    record = object.__new__(cls)
-    record.__dict__.update(zip(_FIELD_NAMES[cls], values, strict=True))
-    return record
-
-
 def _json_fields(record: Any) -> dict[str, Any]:
     """A flat record's fields by name, in declaration order (the JSON key order).
 
@@ -115,17 +106,18 @@ class Descriptor(_WithMode):
         num_active_loras: int,
         num_ubatches: int,
     ) -> Descriptor:
-        """Same as the constructor with every field given; see :func:`_made`."""
-        return _made(
-            cls,
-            cg_mode,
-            num_tokens,
-            num_reqs,
-            uniform_token_count,
-            max_query_len,
-            num_active_loras,
-            num_ubatches,
-        )
+        """Same as the constructor with every field given, without a frozen
+        ``__setattr__`` per field: one is made for every sync of every rank."""
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields["cg_mode"] = cg_mode
+        fields["num_tokens"] = num_tokens
+        fields["num_reqs"] = num_reqs
+        fields["uniform_token_count"] = uniform_token_count
+        fields["max_query_len"] = max_query_len
+        fields["num_active_loras"] = num_active_loras
+        fields["num_ubatches"] = num_ubatches
+        return record
 
 
 @dataclass(frozen=True)
@@ -157,17 +149,17 @@ class Agreement:
         skip_drafts: bool | None,
     ) -> Agreement:
         """Same as the constructor with the V2 fields given (the V1 runner's
-        left None); see :func:`_made`."""
-        return _made(
-            cls,
-            num_tokens_across_dp,
-            uniform_token_count,
-            eager,
-            num_reqs,
-            skip_drafts,
-            None,
-            None,
-        )
+        left None), without a frozen ``__setattr__`` per field."""
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields["num_tokens_across_dp"] = num_tokens_across_dp
+        fields["uniform_token_count"] = uniform_token_count
+        fields["eager"] = eager
+        fields["num_reqs"] = num_reqs
+        fields["skip_drafts"] = skip_drafts
+        fields["cg_mode"] = None
+        fields["ubatch"] = None
+        return record
 
     def to_json(self) -> dict[str, Any]:
         data = _json_fields(self)
@@ -316,6 +308,28 @@ class Choice(_WithMode):
     largest: int
     uniform: int | None
     bound: int | None
+
+    @classmethod
+    def unchecked(
+        cls,
+        cg_mode: CudagraphMode,
+        num_tokens: int,
+        num_ubatches: int,
+        largest: int,
+        uniform: int | None,
+        bound: int | None,
+    ) -> Choice:
+        """Same as the constructor, without a frozen ``__setattr__`` per
+        field: the oracle makes one per rank per judged step."""
+        record = object.__new__(cls)
+        fields = record.__dict__
+        fields["cg_mode"] = cg_mode
+        fields["num_tokens"] = num_tokens
+        fields["num_ubatches"] = num_ubatches
+        fields["largest"] = largest
+        fields["uniform"] = uniform
+        fields["bound"] = bound
+        return record
 
 
 #: The flat records' field names: in order (JSON keys) and as a set (to read).

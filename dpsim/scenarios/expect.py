@@ -151,4 +151,6 @@ def _described(native: Any, agreed: _Agreed) -> Choice:
 
 
 def _choice(mode: CudagraphMode, tokens: int, parts: int, agreed: _Agreed) -> Choice:
-    return Choice(mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound)
+    return Choice.unchecked(
+        mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound
+    )

@@ -169,7 +169,9 @@ def _redispatch(
         mode, tokens = CudagraphMode.NONE, count
     else:
         mode, tokens = _lookup(dispatcher, count, uniform, batch, synced)
-    return Choice(mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound)
+    return Choice.unchecked(
+        mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound
+    )
 
 
 def _lookup(
