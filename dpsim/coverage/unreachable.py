@@ -26,18 +26,16 @@ _V1_DISPATCHER = "v1/cudagraph_dispatcher.py"
 
 #: Why vLLM's V2 callers never sync a step on which no rank has work.
 _EVERY_RANK_HAS_WORK = (
-    "vLLM's callers never reach this: every V2 rank that syncs has at least "
-    "one token. GPUModelRunner.execute_model (v1/worker/gpu/model_runner.py) "
-    "returns before the sync when nothing is scheduled (`if "
-    "scheduler_output.total_num_scheduled_tokens == 0:`, 0.29.0 line 1534, "
-    "0.33.0 line 1792), and a dummy run of no requests would raise before it "
-    "(`max(scheduler_output.num_scheduled_tokens.values())`, 0.29.0 line 1544, "
-    "0.33.0 line 1802; the worker's dummy batch is uniform_decode_query_len "
-    ">= 1 tokens); the speculators sync only after such a forward, with at "
-    "least one token per request (0.29.0 autoregressive/speculator.py line "
-    "341, dflash/speculator.py line 336); an all-idle DP step does not sync, "
-    "since the engine does not step. The contract profile reaches it (the "
-    "signature takes 0 tokens)"
+    "vLLM's callers never reach this: every V2 rank that syncs has a token. "
+    "execute_model (v1/worker/gpu/model_runner.py) returns before the sync "
+    "when nothing is scheduled (0.29.0 line 1534, 0.33.0 line 1792), and a "
+    "dummy run of no requests would raise at "
+    "`max(scheduler_output.num_scheduled_tokens.values())` before it (0.29.0 "
+    "line 1544, 0.33.0 line 1802); the worker's dummy batch has "
+    "uniform_decode_query_len tokens, and the speculators sync only after a "
+    "forward, with a token per request at least (0.29.0 "
+    "spec_decode/autoregressive/speculator.py line 341). The contract profile "
+    "reaches it: the signature takes 0 tokens"
 )
 
 #: Why a single DP rank is never simulated by ``check``.
