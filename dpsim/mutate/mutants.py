@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dpsim.errors import UsageError
 from dpsim.mutate.operators import OPERATOR_NAMES, OPERATORS, Scope, Site
+from dpsim.mutate.reparse import MutantJudge
 from dpsim.mutate.source import SourceMap, apply, unified_diff
 
 
@@ -77,20 +78,15 @@ def generate(
     :func:`sites`): each valid Python, each different from the original and
     from every other (a site that yields a text already seen is the same
     mutant under another name, and is dropped)."""
-    original = ast.dump(ast.parse(text))
+    judge = MutantJudge(text)
     seen = {text}
     ids: set[str] = set()
     mutants = []
     for site in sites(text, operators, functions):
         mutated = apply(text, site.edits)
-        if mutated in seen:
-            continue
-        try:
-            tree = ast.parse(mutated)
-        except SyntaxError:
-            # An operator bug, not a mutant: never hand it to the checker.
-            continue
-        if ast.dump(tree) == original:
+        # Invalid Python is an operator bug, not a mutant: never hand it to
+        # the checker.
+        if mutated in seen or not judge.is_mutant(mutated, site.edits):
             continue
         seen.add(mutated)
         mutant_id = site.id
