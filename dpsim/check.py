@@ -51,6 +51,7 @@ from dpsim.scenarios.generate import (
     scenarios_for,
     seeded_draws_only,
 )
+from dpsim.search.bounded import bounded_shrinking
 from dpsim.search.options import ENGINES
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
@@ -414,7 +415,8 @@ def _check_scenario(
     )
     tally = None
     try:
-        with seeded_draws_only():
+        # A shrink bounded by work, not the clock, under either engine.
+        with seeded_draws_only(), bounded_shrinking():
             if options.engine == "fast":
                 from dpsim.search import fast
 
