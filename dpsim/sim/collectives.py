@@ -11,7 +11,8 @@ it stays stuck, which is what a real backend does at best.
 This module is also the ``dist`` object loaded targets see (through
 ``runtime.DIST_PROXY``), so its methods keep torch's signatures and are the
 simulator's hot path: no per-call allocation beyond the log entry, and per
-collective one ``torch.stack`` of the inputs and one reduction. Nothing becomes
+collective one ``torch.stack`` of the inputs, one reduction and one torch call
+that copies the result into every member's tensor. Nothing becomes
 Python lists while ranks run: a completed collective keeps the stacked inputs
 and the result as tensors, and the trace converts a member's row only when a
 reader asks for it (a contribution of a (4, N) tensor is O(N) Python objects,
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed
@@ -96,6 +97,25 @@ def _reduce(stacked: torch.Tensor, op_name: str) -> torch.Tensor:
     return _reduce(partials, op_name)
 
 
+def _copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """``target.copy_(source)`` for each pair, in order, in one torch call (on
+    CPU, torch's own loop of ``copy_``).
+
+    Completing a collective writes every member's tensor, and one ``copy_``
+    per member costs a dispatch each (about 2 us), as much as the rest of a
+    member's share of the collective; ``_foreach_copy_`` makes the same copies
+    behind one. Where it refuses (a leaf that requires grad, a shape that
+    does not broadcast), the copies are made one by one, which raise what
+    ``copy_`` raises, where it raises it, and redo the ones already made with
+    the same values.
+    """
+    try:
+        torch._foreach_copy_(targets, sources)
+    except Exception:  # the loop below raises what copy_ raises
+        for target, source in zip(targets, sources, strict=True):
+            target.copy_(source)
+
+
 class SimProcessGroup:
     """A process group handle, what targets pass as ``group=``.
 
@@ -148,15 +168,19 @@ class GroupState:
         self.name = name
         self.members: tuple[int, ...] = tuple(members)
         self.size = len(self.members)
-        self.scheduler = scheduler
         #: global rank -> position in the group, -1 for non-members (indexed on
         #: every collective: a sequence index beats a dict lookup)
         self.position = _positions(self.members, world_size)
+        self.handle = SimProcessGroup(self)
+        self.reset(scheduler)
+
+    def reset(self, scheduler: Scheduler) -> None:
+        """Forget every collective: ready for a run under ``scheduler``."""
+        self.scheduler = scheduler
         #: per member position: the seq its next collective will get
         self.next_seq = [0] * self.size
         #: collectives some member entered that have not completed, by seq
         self.pending: dict[int, Pending] = {}
-        self.handle = SimProcessGroup(self)
 
 
 class Pending:
@@ -293,7 +317,6 @@ class SimCollectives:
         groups: Sequence[tuple[str, Sequence[int]]],
         world_group: str,
     ) -> None:
-        self.scheduler = scheduler
         self.world_size = world_size
         self.groups: dict[str, GroupState] = {
             name: GroupState(name, members, world_size, scheduler)
@@ -301,6 +324,21 @@ class SimCollectives:
         }
         self._default = self.groups[world_group]
         self.group = GroupNamespace(self._default.handle)
+        self._reset_own(scheduler)
+
+    def reset(self, scheduler: Scheduler) -> None:
+        """Forget every collective of the last run: ready for one under ``scheduler``.
+
+        The groups, their handles and whatever holds them stay; the logs are
+        new lists, since the last run's trace may still read the old ones.
+        """
+        for state in self.groups.values():
+            state.reset(scheduler)
+        self._reset_own(scheduler)
+
+    def _reset_own(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        world_size = self.world_size
         #: per rank, every collective it entered, in order
         self.logs: list[list[LogEntry]] = [[] for _ in range(world_size)]
         #: per rank, (collective, blocked in wait() rather than the call) while blocked
@@ -417,17 +455,20 @@ class SimCollectives:
             group, ("barrier", None, (), None, None), None, None, async_op
         )
 
-    if not TYPE_CHECKING:
-        # Hidden from mypy, which would otherwise take every name as present
-        # and never hold this class to ``DistLike``.
+    @staticmethod
+    def unsimulated(name: str) -> AttributeError:
+        """The error a target reaching for ``name``, which is not simulated, gets.
 
-        def __getattr__(self, name: str) -> Any:
-            # Never fall back to the real torch.distributed: a target reaching
-            # for something unsimulated must say so, not touch a real group.
-            raise AttributeError(
-                f"dpsim's simulated torch.distributed has no {name!r}; "
-                "add it to dpsim.sim.collectives if a target needs it"
-            )
+        Raised by ``runtime.DIST_PROXY``, through which targets see this
+        object, rather than by a ``__getattr__`` here: a class with one has
+        every attribute lookup on it go the slow way, and the simulator's own
+        code looks up attributes of this one on every collective. Either way
+        nothing falls back to the real torch.distributed.
+        """
+        return AttributeError(
+            f"dpsim's simulated torch.distributed has no {name!r}; "
+            "add it to dpsim.sim.collectives if a target needs it"
+        )
 
     # -- matching and completion ----------------------------------------------
 
@@ -519,8 +560,7 @@ class SimCollectives:
             if kind == "all_reduce":
                 assert op_name is not None
                 result = _reduce(stacked, op_name)
-                for output in outputs:
-                    output.copy_(result)
+                _copy_into(outputs, [result] * len(outputs))
             elif kind == "all_gather":
                 for output_list in outputs:
                     for target, source in zip(output_list, inputs, strict=True):
@@ -528,13 +568,11 @@ class SimCollectives:
                 result = stacked
             elif kind == "all_gather_into_tensor":
                 result = stacked.reshape(outputs[0].shape)
-                for output in outputs:
-                    output.copy_(result)
+                _copy_into(outputs, [result] * len(outputs))
             else:  # broadcast
                 assert src is not None
                 result = stacked[group.position[src]]
-                for output in outputs:
-                    output.copy_(result)
+                _copy_into(outputs, [result] * len(outputs))
             pending.result_tensor = result
         pending.done = True
         del group.pending[pending.seq]

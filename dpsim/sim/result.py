@@ -136,49 +136,74 @@ def _records(
     )
 
 
+#: How a rank still blocked when the run ended exits: (state, returned, error).
+_BLOCKED_EXIT = (RankState.WAITING, None, None)
+
+
 def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
-    """The finished run as a trace, read from the scheduler and the fake collectives."""
+    """The finished run as a trace, read from the scheduler and the fake collectives.
+
+    Most runs end with every rank finished and nothing recorded or parked,
+    so what only a blocked, parked or recording rank needs is found for those
+    ranks alone, and every rank's trace is made in one pass.
+    """
     dist = world.dist
     signature = _Signatures()
-    waits = _Waits(signature)
+    exits = scheduler.exits
+    waiting: dict[int, WaitInfo | None] = {}
+    if None in exits:
+        waits = _Waits(signature)
+        for rank, exit_record in enumerate(exits):
+            if exit_record is None:
+                blocked = dist.waiting_on[rank]
+                waiting[rank] = (
+                    None if blocked is None else waits(blocked[0], rank, blocked[1])
+                )
+        ends = [_BLOCKED_EXIT if end is None else end for end in exits]
+    else:
+        ends = exits  # type: ignore[assignment]  # no None left in it
+    events = _events(world, waiting) if world.events or world.parked else {}
     make_trace = RankTrace.lazy
+    partial = functools.partial
     steps = scheduler.steps
-    logs = dist.logs
-    all_events = world.events
-    traces = []
-    for rank, exit_record in enumerate(scheduler.exits):
-        waiting = None
-        if exit_record is None:
-            state, returned, error = RankState.WAITING, None, None
-            blocked = dist.waiting_on[rank]
-            if blocked is not None:
-                waiting = waits(blocked[0], rank, blocked[1])
-        else:
-            state, returned, error = exit_record
-        raw_events = all_events[rank]
-        mailbox = world.parked.get(rank)
-        if mailbox is not None and waiting is None:
-            # Idle, waiting for input: said so, as a collective wait is.
-            raw_events = [
-                *raw_events,
-                (PARKED_EVENT, len(logs[rank]), {"mailbox": mailbox.name}),
-            ]
-        events = Event.all_of(raw_events)
-        traces.append(
+    traces = tuple(
+        [
             make_trace(
                 rank,
                 state,
                 returned,
                 error,
-                waiting,
+                waiting.get(rank),
                 steps[rank],
-                functools.partial(_records, logs[rank], signature),
-                events,
+                partial(_records, log, signature),
+                events.get(rank, ()),
             )
-        )
+            for rank, ((state, returned, error), log) in enumerate(
+                zip(ends, dist.logs, strict=True)
+            )
+        ]
+    )
     return SimResult.judged(
-        tuple(traces),
+        traces,
         tuple(scheduler.choices),
         tuple([(name, state.members) for name, state in dist.groups.items()]),
         _incomplete(dist),
     )
+
+
+def _events(
+    world: SimWorld, waiting: dict[int, WaitInfo | None]
+) -> dict[int, tuple[Event, ...]]:
+    """The events of each rank that has any, by rank."""
+    found = {rank: Event.all_of(raw) for rank, raw in world.events.items()}
+    logs = world.dist.logs
+    for rank, mailbox in world.parked.items():
+        if waiting.get(rank) is None:
+            # Idle, waiting for input: said so, as a collective wait is.
+            found[rank] = Event.all_of(
+                [
+                    *world.events.get(rank, ()),
+                    (PARKED_EVENT, len(logs[rank]), {"mailbox": mailbox.name}),
+                ]
+            )
+    return found

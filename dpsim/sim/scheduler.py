@@ -174,7 +174,7 @@ class Scheduler:
         """Pick who runs next and make it current; the hub when nobody can.
 
         Called in the greenlet giving up the baton. A rank's first switch
-        starts it: its worker finds the task on itself (see ``workers``).
+        starts it: its worker was handed its task in :meth:`run`.
         """
         runnable = self._runnable
         if len(runnable) == 1:
@@ -191,11 +191,7 @@ class Scheduler:
         else:
             return self.hub
         self.current = rank
-        worker = self._workers[rank]
-        if not self._started[rank]:
-            self._started[rank] = True
-            worker.task = (self, rank)
-        return worker
+        return self._workers[rank]
 
     # -- the hub -----------------------------------------------------------
 
@@ -209,7 +205,7 @@ class Scheduler:
         if self.hub is not None:
             raise SchedulerError("a Scheduler runs once")
         self.hub = getcurrent()
-        self._workers = workers_pool.take(len(self._programs), self.hub)
+        self._workers = workers_pool.take(len(self._programs), self.hub, self)
         runnable = self._runnable
         try:
             while True:
@@ -237,6 +233,11 @@ class Scheduler:
             if started and not ended
         )
 
+    def every_rank_ended(self) -> bool:
+        """Whether no rank's greenlet is left suspended (after :meth:`close`,
+        unless a program swallowed every ``GreenletExit`` thrown into it)."""
+        return self._ended == self._started
+
     def frame(self, rank: int) -> FrameType | None:
         """Where a blocked rank stands: its greenlet's innermost frame, else None."""
         if not self._started[rank] or self._ended[rank] or rank == self.current:
@@ -252,6 +253,7 @@ class Scheduler:
 
     def run_rank(self, rank: int) -> None:
         """Run one rank's program to its end, in a worker; record how it ended."""
+        self._started[rank] = True
         try:
             returned = self._programs[rank](rank)
         except GreenletExit:

@@ -15,7 +15,7 @@ from dpsim.sim.choosers import LOWEST_FIRST, Chooser
 from dpsim.sim.mailbox import Quiescence
 from dpsim.sim.result import result_of_run
 from dpsim.sim.scheduler import DEFAULT_STEP_BUDGET, Program, Scheduler
-from dpsim.sim.world import SimWorld, resolve_groups
+from dpsim.sim.world import give_back_world, resolve_groups, take_world
 from dpsim.targets import runtime
 
 
@@ -49,10 +49,12 @@ def simulate(
     """
     program_list = per_rank_programs(programs, ranks)
     scheduler = Scheduler(program_list, chooser or LOWEST_FIRST, step_budget)
-    world = SimWorld(
+    world = take_world(
         scheduler,
         resolve_groups(ranks, groups),
-        [rank in skip_dp_coordination for rank in range(ranks)],
+        [rank in skip_dp_coordination for rank in range(ranks)]
+        if skip_dp_coordination
+        else [False] * ranks,
     )
     with runtime.installed(world):
         try:
@@ -64,6 +66,8 @@ def simulate(
             return result_of_run(scheduler, world)
         finally:
             scheduler.close()
+            if scheduler.every_rank_ended():
+                give_back_world(world)
 
 
 def per_rank_programs(

@@ -47,11 +47,8 @@ def _worker_loop() -> None:
     assert target is not None
     while True:
         target.switch()
-        task = me.task
-        assert task is not None
+        runner, rank = me.task  # type: ignore[misc]  # set by take() before any switch
         me.task = None
-        runner, rank = task
-        del task
         runner.run_rank(rank)
         target = runner.after_rank()
         del runner
@@ -65,11 +62,12 @@ class _Pool(threading.local):
 _POOL = _Pool()
 
 
-def take(count: int, hub: greenlet) -> list[Worker]:
-    """``count`` workers; start one with ``worker.task = (runner, rank); worker.switch()``."""
+def take(count: int, hub: greenlet, runner: RankRunner) -> list[Worker]:
+    """``count`` workers, the k-th handed rank k of ``runner``: switching to
+    one starts that rank, and a worker never switched to runs nothing."""
     idle = _POOL.idle
     workers = []
-    for _ in range(count):
+    for rank in range(count):
         if idle:
             worker = idle.pop()
         else:
@@ -84,6 +82,7 @@ def take(count: int, hub: greenlet) -> list[Worker]:
         # cycles, which costs more than this test.
         if worker.parent is not hub:
             worker.parent = hub
+        worker.task = (runner, rank)
         workers.append(worker)
     return workers
 

@@ -10,7 +10,8 @@ installed world, so no global beyond ``runtime.current()`` is involved.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dpsim.records.groups import (
@@ -26,10 +27,13 @@ from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.scheduler import Scheduler
 from dpsim.targets import runtime
 
+#: Process groups as :func:`resolve_groups` gives them: (name, members) pairs.
+GroupLayout = tuple[tuple[str, tuple[int, ...]], ...]
+
 
 def resolve_groups(
     ranks: int, groups: Mapping[str, Sequence[int]] | None
-) -> tuple[tuple[str, tuple[int, ...]], ...]:
+) -> GroupLayout:
     """The default groups (all spanning every rank), overridden or extended by ``groups``."""
     if not groups:
         return _default_groups(ranks)
@@ -37,13 +41,13 @@ def resolve_groups(
 
 
 @functools.lru_cache(maxsize=64)
-def _default_groups(ranks: int) -> tuple[tuple[str, tuple[int, ...]], ...]:
+def _default_groups(ranks: int) -> GroupLayout:
     return _resolve_groups(ranks, None)
 
 
 def _resolve_groups(
     ranks: int, groups: Mapping[str, Sequence[int]] | None
-) -> tuple[tuple[str, tuple[int, ...]], ...]:
+) -> GroupLayout:
     if ranks < 1:
         raise ValueError(f"need at least one rank, got {ranks}")
     declared: dict[str, tuple[int, ...]] = {
@@ -74,28 +78,54 @@ def _resolve_groups(
 
 
 class SimWorld:
-    """Virtual ranks' world: fake collectives plus per-rank DP coordinators."""
+    """Virtual ranks' world: fake collectives plus per-rank DP coordinators.
+
+    One serves many runs in turn (see :func:`take_world`): what a run
+    changes is reset before the next, while the groups, their handles and
+    the DP views, which depend only on the layout, are made once.
+    """
+
+    #: ``runtime.World.tick``: the running rank's scheduler's ``charge``, bound
+    #: per run (one call less on every loop iteration of a target).
+    tick: Callable[[], None]
 
     def __init__(
         self,
         scheduler: Scheduler,
-        groups: Sequence[tuple[str, Sequence[int]]],
+        groups: GroupLayout,
         skip_dp_coordination: Sequence[bool],
     ) -> None:
         world_size = len(skip_dp_coordination)
-        self.scheduler = scheduler
+        self.layout = groups
         self.dist = SimCollectives(scheduler, world_size, groups, WORLD_GROUP)
-        self.skip_flags = list(skip_dp_coordination)
-        self.events: list[list[EventTuple]] = [[] for _ in range(world_size)]
-        #: Ranks parked in a mailbox now, by rank (see dpsim.sim.mailbox).
-        self.parked: dict[int, Mailbox] = {}
         self._dp_cpu = self.dist.groups[DP_CPU_GROUP]
         self._dp_device = self.dist.groups[DP_DEVICE_GROUP]
         self._dp_members = list(self._dp_device.members)
-        # Made on a rank's first dp_group() call: most runs never ask on most
-        # ranks' behalf more than once, and some never ask at all.
+        # Made on a rank's first dp_group() call and kept for later runs:
+        # some runs never ask on most ranks' behalf at all.
         self._dp_views: list[GroupCoordinatorView | None] = [None] * world_size
         self._dp_shared: dict[str, Any] | None = None
+        self._reset_own(scheduler, skip_dp_coordination)
+
+    def reset(self, scheduler: Scheduler, skip_dp_coordination: Sequence[bool]) -> None:
+        """Ready for a new run under ``scheduler``, as if just made.
+
+        The last run's result keeps what it read (logs and events are new
+        objects here, not cleared ones).
+        """
+        self.dist.reset(scheduler)
+        self._reset_own(scheduler, skip_dp_coordination)
+
+    def _reset_own(
+        self, scheduler: Scheduler, skip_dp_coordination: Sequence[bool]
+    ) -> None:
+        self.scheduler = scheduler
+        self.tick = scheduler.charge
+        self.skip_flags = list(skip_dp_coordination)
+        #: Events recorded, by rank; a rank that recorded none has no entry.
+        self.events: dict[int, list[EventTuple]] = {}
+        #: Ranks parked in a mailbox now, by rank (see dpsim.sim.mailbox).
+        self.parked: dict[int, Mailbox] = {}
 
     def group(self, name: str) -> SimProcessGroup:
         """The process group handle declared as ``name``, to pass as ``group=``."""
@@ -104,13 +134,10 @@ class SimWorld:
     # -- runtime.World --------------------------------------------------------
 
     def dp_group(self) -> GroupCoordinatorView:
-        rank = self.scheduler.current
-        view = self._dp_views[rank]
-        if view is None:
-            view = self._dp_views[rank] = self._make_dp_view(rank)
-        return view
+        return self._dp_views[self.scheduler.current] or self._make_dp_view()
 
-    def _make_dp_view(self, rank: int) -> GroupCoordinatorView:
+    def _make_dp_view(self) -> GroupCoordinatorView:
+        rank = self.scheduler.current
         position = self._dp_device.position[rank]
         if position < 0:
             raise runtime.NoDPGroupError(f"rank {rank} is not in the DP group")
@@ -123,16 +150,16 @@ class SimWorld:
                 self._dp_cpu.handle,
                 self._dp_device.handle,
             )
-        return GroupCoordinatorView.for_member(shared, rank, position)
+        view = self._dp_views[rank] = GroupCoordinatorView.for_member(
+            shared, rank, position
+        )
+        return view
 
     def pp_group(self) -> runtime.GroupCoordinatorLike:
         return runtime.SINGLE_PIPELINE_STAGE
 
     def skip_dp_coordination(self) -> bool:
         return self.skip_flags[self.scheduler.current]
-
-    def tick(self) -> None:
-        self.scheduler.charge()
 
     def set_skip_dp_coordination(self, flag: bool) -> None:
         """What ``should_skip_dp_coordination()`` answers on the running rank from now on."""
@@ -144,7 +171,53 @@ class SimWorld:
         if self.scheduler.closing:
             return  # a finally block of a rank being ended: the trace is final
         rank = self.scheduler.current
-        self.events[rank].append((kind, len(self.dist.logs[rank]), payload))
+        event = (kind, len(self.dist.logs[rank]), payload)
+        events = self.events.get(rank)
+        if events is None:
+            self.events[rank] = [event]
+        else:
+            events.append(event)
+
+
+#: Idle worlds kept per thread, at most one per layout.
+MAX_IDLE_WORLDS = 16
+
+
+class _IdleWorlds(threading.local):
+    def __init__(self) -> None:
+        self.by_layout: dict[GroupLayout, SimWorld] = {}
+
+
+_IDLE = _IdleWorlds()
+
+
+def take_world(
+    scheduler: Scheduler, groups: GroupLayout, skip_dp_coordination: Sequence[bool]
+) -> SimWorld:
+    """A world for a run of ``groups``: an idle one reset, else a new one.
+
+    Making a world (its groups, handles and DP views) costs about as much as
+    a whole rank's share of a small run, and a search makes thousands of runs
+    of a few layouts. A world is taken out of the pool for its run, so a
+    nested run gets its own.
+    """
+    world = _IDLE.by_layout.pop(groups, None)
+    if world is None:
+        return SimWorld(scheduler, groups, skip_dp_coordination)
+    world.reset(scheduler, skip_dp_coordination)
+    return world
+
+
+def give_back_world(world: SimWorld) -> None:
+    """Keep ``world`` for the next run of its layout.
+
+    Only for a world whose run has closed with every rank ended: a rank's
+    greenlet left suspended could otherwise wake into a later run.
+    """
+    idle = _IDLE.by_layout
+    if len(idle) >= MAX_IDLE_WORLDS and world.layout not in idle:
+        idle.pop(next(iter(idle)))
+    idle[world.layout] = world
 
 
 def _running_world() -> SimWorld:

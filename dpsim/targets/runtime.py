@@ -154,7 +154,15 @@ class DistProxy:
     """
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(_current.dist, name)
+        dist = _current.dist
+        try:
+            return getattr(dist, name)
+        except AttributeError:
+            # A fake says what it does not simulate (SimCollectives.unsimulated).
+            unsimulated = getattr(dist, "unsimulated", None)
+            if unsimulated is None:
+                raise
+            raise unsimulated(name) from None
 
     def __repr__(self) -> str:
         return "<torch.distributed as seen by a dpsim target>"

@@ -1,0 +1,79 @@
+"""A world serves many runs of one layout: each run must be as if it had a new one."""
+
+from __future__ import annotations
+
+import torch
+from simprograms import dist
+
+from dpsim.records.trace import Outcome, RankState
+from dpsim.sim import simulate
+from dpsim.sim import world as sim_world
+from dpsim.targets import runtime
+
+
+def _sum_program(rank: int) -> int:
+    tensor = torch.tensor([rank + 1, 10 * rank], dtype=torch.int32)
+    dist.all_reduce(tensor)
+    runtime.tick()
+    dist.all_reduce(tensor, group=runtime.current().dp_group().cpu_group)
+    return int(tensor.sum())
+
+
+def _hanging_program(rank: int) -> None:
+    if rank == 0:
+        dist.all_reduce(torch.zeros(3))
+
+
+def test_a_run_after_a_hung_run_of_its_layout_is_as_if_it_had_a_new_world() -> None:
+    sim_world._IDLE.by_layout.clear()
+    fresh = simulate(_sum_program, ranks=3).to_json()
+
+    hung = simulate(_hanging_program, ranks=3)
+    assert hung.outcome is Outcome.HANG
+    assert sim_world._IDLE.by_layout, "the hung run's world was not kept for reuse"
+    again = simulate(_sum_program, ranks=3)
+
+    assert again.to_json() == fresh
+    # The hung run's own trace still reads what it did, after the reuse.
+    assert hung.ranks[0].state is RankState.WAITING
+    assert hung.ranks[0].waiting is not None
+    assert [record.contribution for record in hung.ranks[0].collectives] == [
+        [0.0, 0.0, 0.0]
+    ]
+
+
+def test_a_trace_read_after_later_runs_reads_its_own_run() -> None:
+    first = simulate(_sum_program, ranks=4)
+    for _ in range(3):
+        simulate(lambda rank: dist.all_reduce(torch.ones(2)), ranks=4)
+    reference = simulate(_sum_program, ranks=4).to_json()
+
+    assert first.to_json() == reference
+
+
+def test_a_run_inside_a_run_gets_its_own_world() -> None:
+    def outer(rank: int) -> tuple[int, str]:
+        before = torch.tensor([rank], dtype=torch.int64)
+        dist.all_reduce(before)
+        inner = simulate(_sum_program, ranks=4)
+        after = torch.tensor([rank], dtype=torch.int64)
+        dist.all_reduce(after)
+        return int(before + after), inner.outcome.value
+
+    result = simulate(outer, ranks=4)
+
+    assert result.outcome is Outcome.OK
+    assert result.returns() == [(12, "ok")] * 4
+    assert [len(trace.collectives) for trace in result.ranks] == [2] * 4
+
+
+def test_a_copy_that_torch_refuses_raises_what_copy_raises() -> None:
+    def program(rank: int) -> None:
+        dist.all_reduce(torch.zeros(2, requires_grad=True))
+
+    result = simulate(program, ranks=2)
+
+    assert result.outcome is Outcome.CRASH
+    error = result.ranks[1].error
+    assert error is not None and error.type == "RuntimeError"
+    assert "requires grad is being used in an in-place operation" in error.message
