@@ -146,8 +146,14 @@ def _split_choice(
 
 
 def _described(native: Any, agreed: _Agreed) -> Choice:
-    choice = describe(native)
-    return _choice(choice.cg_mode, choice.num_tokens, choice.num_ubatches, agreed)
+    # Read as describe() reads them, without the whole descriptor: one per
+    # rank per judged step.
+    return _choice(
+        plain_mode(native.cg_mode),
+        int(native.num_tokens),
+        int(getattr(native, "num_ubatches", 1)),
+        agreed,
+    )
 
 
 def _choice(mode: CudagraphMode, tokens: int, parts: int, agreed: _Agreed) -> Choice:
