@@ -186,7 +186,7 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
     return SimResult.judged(
         traces,
         tuple(scheduler.choices),
-        tuple([(name, state.members) for name, state in dist.groups.items()]),
+        world.layout,
         _incomplete(dist),
     )
 

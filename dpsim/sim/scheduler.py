@@ -75,6 +75,26 @@ def describe_exception(error: BaseException) -> ErrorInfo:
 class Scheduler:
     """Runs ``programs[rank](rank)`` for every rank, one at a time."""
 
+    # One is made per run, and its attributes are read at every switch.
+    __slots__ = (
+        "_budget",
+        "_budget_stopped",
+        "_choose",
+        "_closing",
+        "_ended",
+        "_failure",
+        "_lowest_first",
+        "_programs",
+        "_runnable",
+        "_started",
+        "_workers",
+        "choices",
+        "current",
+        "exits",
+        "hub",
+        "steps",
+    )
+
     def __init__(
         self,
         programs: Sequence[Program],

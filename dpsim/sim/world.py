@@ -96,6 +96,7 @@ class SimWorld:
         skip_dp_coordination: Sequence[bool],
     ) -> None:
         world_size = len(skip_dp_coordination)
+        #: The groups as (name, members), as declared: also every result's ``groups``.
         self.layout = groups
         self.dist = SimCollectives(scheduler, world_size, groups, WORLD_GROUP)
         self._dp_cpu = self.dist.groups[DP_CPU_GROUP]
