@@ -35,10 +35,18 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# Each release once, by the first list that names it (a runner-lane fetch
+# takes everything the sync lane reads too), FETCH_JOBS at a time: a fetch is
+# mostly pip start-up and copying a wheel, which overlap well even on 2 cores.
+FETCH_JOBS ?= 4
+V1_ONLY_RELEASES := $(filter-out $(RUNNER_TEST_RELEASES),$(V1_RUNNER_TEST_RELEASES))
+SYNC_ONLY_RELEASES := $(filter-out $(RUNNER_TEST_RELEASES) $(V1_RUNNER_TEST_RELEASES),$(TEST_RELEASES))
+
 fetch: setup
-	$(BIN)/dpsim targets --fetch --lane runner $(RUNNER_TEST_RELEASES)
-	$(BIN)/dpsim targets --fetch --lane runner --runner v1 $(V1_RUNNER_TEST_RELEASES)
-	$(BIN)/dpsim targets --fetch $(TEST_RELEASES)
+	@{ for v in $(RUNNER_TEST_RELEASES); do echo "--lane runner $$v"; done; \
+	   for v in $(V1_ONLY_RELEASES); do echo "--lane runner --runner v1 $$v"; done; \
+	   for v in $(SYNC_ONLY_RELEASES); do echo "$$v"; done; } | \
+	  xargs -L 1 -P $(FETCH_JOBS) $(BIN)/dpsim targets --fetch
 
 check: setup
 	$(BIN)/dpsim check
@@ -62,13 +70,24 @@ redis-server:
 # cache. The rest load releases (marker release) or start real processes
 # (gloo; gpu skips without CUDA).
 FAST_TESTS := not release and not gloo and not gpu
+# Work stealing: each worker takes a contiguous half of the tests (a module's
+# tests share its fixtures and the per-process target caches) and steals from
+# the other when it runs dry, so both finish together.
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q
 
 test-fast: setup
-	DPSIM_CACHE="$$(mktemp -d)" PIP_NO_INDEX=1 \
-	  $(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "$(FAST_TESTS)"
+	DPSIM_CACHE="$$(mktemp -d)" PIP_NO_INDEX=1 $(PYTEST) -m "$(FAST_TESTS)"
 
-test: test-fast fetch redis-server
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) -q -m "not ($(FAST_TESTS))"
+# The fetch runs beside the fast tier: it mostly waits on pip and the disk,
+# the fast tier on the CPUs, and neither reads what the other writes (the
+# fast tier has a cache of its own). The fetch's output is shown after.
+test: setup redis-server
+	@log="$$(mktemp)"; \
+	  $(MAKE) --no-print-directory fetch >"$$log" 2>&1 & fetching=$$!; \
+	  $(MAKE) --no-print-directory test-fast; fast=$$?; \
+	  wait $$fetching; fetched=$$?; cat "$$log"; rm -f "$$log"; \
+	  [ $$fast = 0 ] && [ $$fetched = 0 ]
+	$(PYTEST) -m "not ($(FAST_TESTS))"
 
 bench: setup
 	$(BIN)/dpsim bench
