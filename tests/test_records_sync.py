@@ -3,7 +3,11 @@ refuse what is not one."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -147,3 +151,65 @@ def test_a_v1_agreement_carries_the_synced_mode_and_microbatching() -> None:
     assert back == agreement and type(back.cg_mode) is CudagraphMode
     # Only what is set is written: 0.11-0.12 sync no mode.
     assert "cg_mode" not in Agreement((4, 4), ubatch=True).to_json()
+
+
+def test_a_recorded_sync_reads_back_as_the_record_it_was_written_from() -> None:
+    # The judge reads back the very record a rank wrote, not a parse of it,
+    # while the payload stays the JSON the trace always held.
+    expect = ExpectRecord("step 0", (Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),))
+    written, oracle = RETURNED.to_event(), expect.to_event()
+    assert written == RETURNED.to_json() and oracle == expect.to_json()
+    assert json.dumps(written) == json.dumps(RETURNED.to_json())
+    events = [_Event(EXPECT_EVENT, 0, oracle), _Event(SYNC_EVENT, 1, written)]
+    assert sync_records(events)[0] is RETURNED
+    assert next(expect_records(events)) is expect
+
+
+@pytest.mark.parametrize(
+    "travel", [lambda data: pickle.loads(pickle.dumps(data)), copy.deepcopy, copy.copy]
+)
+def test_a_recorded_sync_travels_as_plain_json_and_is_parsed_there(
+    travel: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    moved = travel(RETURNED.to_event())
+    assert type(moved) is dict and moved == RETURNED.to_json()
+    (record,) = sync_records([_Event(SYNC_EVENT, 0, moved)])
+    assert record == RETURNED and record is not RETURNED
+
+
+@dataclass(frozen=True)
+class _OwnBatch(RankBatch):
+    pass
+
+
+def test_a_sync_whose_inputs_would_read_back_otherwise_is_parsed() -> None:
+    # Any batch but a RankBatch itself reads back as a RankBatch: keeping the
+    # record would hand the judge something parsing would not give.
+    inputs = _OwnBatch(num_reqs=3, num_tokens=3)
+    record = SyncRecord("step 0", inputs, False, False, DESCRIPTOR, AGREEMENT)
+    (read,) = sync_records([_Event(SYNC_EVENT, 0, record.to_event())])
+    assert read is not record and type(read.inputs) is RankBatch
+
+
+def test_the_fast_constructors_make_what_the_constructors_make() -> None:
+    made = [
+        (
+            Descriptor.unchecked(CudagraphMode.FULL, 4, 4, 1, None, 0, 1),
+            Descriptor(CudagraphMode.FULL, 4, 4, uniform_token_count=1),
+        ),
+        (
+            Agreement.unchecked((4, 4), 1, False, None, None),
+            Agreement((4, 4), uniform_token_count=1, eager=False),
+        ),
+        (
+            Choice.unchecked(CudagraphMode.FULL, 4, 1, 3, 1, None),
+            Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),
+        ),
+        (
+            SyncRecord.returned("step 0", BATCH, False, False, DESCRIPTOR, AGREEMENT),
+            RETURNED,
+        ),
+    ]
+    for fast, slow in made:
+        assert fast == slow and repr(fast) == repr(slow)
+        assert list(fast.__dict__) == list(slow.__dict__)  # same pickle, same order
