@@ -126,7 +126,9 @@ class V1API:
     entry: str = ENTRY
     reuse_parameter: str | None = None
 
-    @property
+    # Asked for every input of every call (has(), unsupported_input()), and
+    # fixed by the caller's parameters: worked out once.
+    @functools.cached_property
     def features(self) -> tuple[str, ...]:
         return tuple(
             name

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ast
 import builtins
 import copy
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -94,6 +95,20 @@ class Caller:
     @property
     def function(self) -> Callable[..., Any]:
         return self.functions[self.entry.name]
+
+    # Read by every call of every rank (runner_self): worked out once.
+    @functools.cached_property
+    def modelled_reads(self) -> tuple[tuple[tuple[str, ...], str], ...]:
+        """Per answered chain that is not one of the methods, in order, the
+        modelled prefix that answers it and the state value it reads."""
+        reads = []
+        for chain in self.answered:
+            if len(chain) == 1 and chain[0] in self.functions:
+                continue
+            prefix = _modelled_prefix(chain)
+            assert prefix is not None
+            reads.append((prefix, MODELLED_READS[prefix]))
+        return tuple(reads)
 
     def invoke(self, state: RunnerState, arguments: dict[str, Any]) -> tuple[Any, ...]:
         """Run the method for one rank, on a stand-in ``self`` holding ``state``."""
@@ -202,13 +217,7 @@ def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Cal
 def runner_self(caller: Caller, state: RunnerState) -> StrictView:
     """The strict ``self`` of one rank: the modelled chains the methods read,
     and the methods they call on ``self``, nothing else."""
-    values: dict[tuple[str, ...], Any] = {}
-    for chain in caller.answered:
-        if len(chain) == 1 and chain[0] in caller.functions:
-            continue
-        prefix = _modelled_prefix(chain)
-        assert prefix is not None
-        values[prefix] = state.value(MODELLED_READS[prefix])
+    values = {prefix: state.value(read) for prefix, read in caller.modelled_reads}
     methods: dict[str, Any] = {}
     view = view_of_paths(OWNER, values, where=caller.where)
     for method in caller.methods[1:]:
