@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 from simprograms import dist
 
 from dpsim.records.trace import Outcome, RankState
-from dpsim.sim import simulate
+from dpsim.sim import current_world, simulate
 from dpsim.sim import world as sim_world
+from dpsim.sim.collectives import Pending
 from dpsim.targets import runtime
 
 
@@ -77,3 +80,20 @@ def test_a_copy_that_torch_refuses_raises_what_copy_raises() -> None:
     error = result.ranks[1].error
     assert error is not None and error.type == "RuntimeError"
     assert "requires grad is being used in an in-place operation" in error.message
+
+
+def test_an_idle_world_keeps_nothing_of_its_last_run() -> None:
+    def program(rank: int) -> None:
+        dist.all_reduce(torch.ones(2), group=current_world().group("reuse_probe"))
+
+    result = simulate(program, ranks=2, groups={"reuse_probe": [0, 1]})
+    assert result.outcome is Outcome.OK
+    assert result.ranks[0].collectives  # read, so the records hold the values
+    del result
+    gc.collect()
+
+    assert not [
+        held
+        for held in gc.get_objects()
+        if type(held) is Pending and held.name == "reuse_probe"
+    ]

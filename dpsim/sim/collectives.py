@@ -344,6 +344,11 @@ class SimCollectives:
         #: per rank, (collective, blocked in wait() rather than the call) while blocked
         self.waiting_on: list[tuple[Pending, bool] | None] = [None] * world_size
 
+    def release(self) -> None:
+        """Let go of the last run's logs while idle (its trace holds what it reads)."""
+        self.logs = []
+        self.waiting_on = []
+
     def handle(self, name: str) -> SimProcessGroup:
         return self.groups[name].handle
 

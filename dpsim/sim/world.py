@@ -215,6 +215,8 @@ def give_back_world(world: SimWorld) -> None:
     Only for a world whose run has closed with every rank ended: a rank's
     greenlet left suspended could otherwise wake into a later run.
     """
+    # An idle world must not keep the last run's tensors alive.
+    world.dist.release()
     idle = _IDLE.by_layout
     if len(idle) >= MAX_IDLE_WORLDS and world.layout not in idle:
         idle.pop(next(iter(idle)))
