@@ -4,7 +4,8 @@
 Hypothesis' strategies without Hypothesis' engine (:mod:`~dpsim.search.draw`),
 the first failing one shrunk by that engine (:mod:`~dpsim.search.shrink`).
 Every Hypothesis internal they use is in :mod:`~dpsim.search.internals`.
-:mod:`~dpsim.search.options` is the command-line option. Importing this
+:mod:`~dpsim.search.options` is the command-line option, and
+:mod:`~dpsim.search.bounded` bounds either engine's shrink by work. Importing this
 package imports none of them, so the default engine never depends on
 Hypothesis' internals.
 """
