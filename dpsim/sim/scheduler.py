@@ -43,6 +43,10 @@ from dpsim.sim.choosers import Chooser, LowestFirst
 
 DEFAULT_STEP_BUDGET = 100_000
 
+#: Looked up once: an Enum member read off its class goes through the enum
+#: metaclass's ``__getattr__`` hook, and every rank of every run ends so.
+_FINISHED = RankState.FINISHED
+
 Program = Callable[[int], Any]
 
 
@@ -299,7 +303,7 @@ class Scheduler:
             # The program caught the budget stop and returned anyway.
             self.exits[rank] = (RankState.BUDGET, None, None)
         else:
-            self.exits[rank] = (RankState.FINISHED, returned, None)
+            self.exits[rank] = (_FINISHED, returned, None)
 
     def close(self) -> None:
         """End every rank still blocked, letting its ``finally`` blocks run.
