@@ -82,12 +82,16 @@ def run_in_child(work: Callable[[], int], *, allowance: Allowance) -> ChildResul
     sys.stdout.flush()
     sys.stderr.flush()
     reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns
-        os.close(reading)
-        _child(writing, work, allowance)
-    os.close(writing)
-    with _counting_interrupts(pid) as interrupts:
+    # The counting handler goes in before the fork: a Ctrl-C between the fork
+    # and its installation would raise in the parent and lose the report.
+    with _counting_interrupts() as interrupts:
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            interrupts.restore()
+            os.close(reading)
+            _child(writing, work, allowance)
+        interrupts.pid = pid
+        os.close(writing)
         try:
             data = _read_all(reading)
         finally:
@@ -254,30 +258,38 @@ class _Interrupts:
     second kills the child.
     """
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
+    def __init__(self) -> None:
+        #: The child's, once forked; until then a Ctrl-C only counts.
+        self.pid: int | None = None
         self.count = 0
         self.killed = False
+        #: The handler this one replaced (None where none was replaced).
+        self.previous: Any = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         self.count += 1
-        if self.count >= 2 and not self.killed:
+        if self.count >= 2 and not self.killed and self.pid is not None:
             self.killed = True
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
+    def restore(self) -> None:
+        """In the forked child: Ctrl-C is handled as before the fork."""
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
 
 @contextlib.contextmanager
-def _counting_interrupts(pid: int) -> Iterator[_Interrupts]:
-    interrupts = _Interrupts(pid)
+def _counting_interrupts() -> Iterator[_Interrupts]:
+    interrupts = _Interrupts()
     if threading.current_thread() is not threading.main_thread():
         yield interrupts  # signals reach only the main thread: nothing to catch
         return
-    previous = signal.signal(signal.SIGINT, interrupts)
+    interrupts.previous = signal.signal(signal.SIGINT, interrupts)
     try:
         yield interrupts
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, interrupts.previous)
 
 
 def _read_all(reading: int) -> bytes:

@@ -324,6 +324,35 @@ def test_one_ctrl_c_in_the_parent_waits_for_the_childs_report(
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_ctrl_c_right_after_the_fork_is_counted_not_raised(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The parent's handler is in place before the fork: a Ctrl-C landing at
+    once (a loaded machine can run the child first) must not raise in the
+    parent and lose the child's report."""
+    real_fork = os.fork
+
+    def fork_then_interrupt() -> int:
+        pid = real_fork()
+        if pid != 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork_then_interrupt)
+
+    def report() -> int:
+        print("the report")
+        return 1
+
+    try:
+        status = run_isolated(report, allowance=GENEROUS)
+    except KeyboardInterrupt:
+        pytest.fail("a Ctrl-C just after the fork raised in the parent")
+    assert status == 1
+    assert capsys.readouterr().out == "the report\n"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_a_second_ctrl_c_in_the_parent_kills_a_child_that_does_not_stop(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
