@@ -60,3 +60,57 @@ def test_a_bad_batch_field_is_refused_in_one_line_naming_it(
 def test_the_required_counts_are_checked_in_their_declared_order() -> None:
     with pytest.raises(validate.Malformed, match=r"\.num_reqs must"):
         validate.case(_case(num_reqs=-1, num_tokens=-1, need_eager=0))
+
+
+def _drafter_case(*calls: dict[str, Any]) -> dict[str, Any]:
+    case = _case()
+    case["scenario"] = "drafter"
+    case["profile"] = "contract"
+    case["reuse_calls"] = [list(calls)]
+    return case
+
+
+def test_reuse_calls_with_a_bound_or_none_are_accepted() -> None:
+    case = _drafter_case(
+        {"num_reqs": 2, "max_query_len": None, "num_active_loras": 0},
+        {"num_reqs": 0, "max_query_len": 3},
+    )
+    assert validate.case(case) is case
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ({"max_query_len": 1}, "case.reuse_calls[0][1] has no 'num_reqs'"),
+        (
+            {"num_reqs": -1},
+            "case.reuse_calls[0][1].num_reqs must be an integer >= 0, got -1",
+        ),
+        (
+            {"num_reqs": 2.5},
+            "case.reuse_calls[0][1].num_reqs must be an integer >= 0, got 2.5",
+        ),
+        (
+            {"num_reqs": 1, "max_query_len": "3"},
+            "case.reuse_calls[0][1].max_query_len must be an integer >= 0, got '3'",
+        ),
+        (
+            {"num_reqs": 1, "num_active_loras": True},
+            "case.reuse_calls[0][1].num_active_loras must be an integer >= 0, got True",
+        ),
+        ({"num_reqs": 1, "loras": 1}, "case.reuse_calls[0][1] has unknown keys: loras"),
+    ],
+)
+def test_a_bad_reuse_call_is_refused_in_one_line_naming_it(
+    call: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(validate.Malformed) as caught:
+        validate.case(_drafter_case({"num_reqs": 1}, call))
+    assert str(caught.value) == message
+
+
+def test_reuse_calls_are_bounded_like_steps() -> None:
+    case = _drafter_case({"num_reqs": 1})
+    case["reuse_calls"] = [[{"num_reqs": 1}]] * (validate.MAX_STEPS + 1)
+    with pytest.raises(validate.Malformed, match=r"^case\.reuse_calls has 257 entries"):
+        validate.case(case)

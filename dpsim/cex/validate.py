@@ -58,7 +58,15 @@ _BATCH_FIELDS = (
     fields.Field("num_encoder_reqs", fields.integer(0, MAX_INT)),
 )
 _REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
-_BATCH_KEYS = frozenset((*(spec.name for spec in _BATCH_FIELDS), "kind"))
+
+#: A drafter's reuse call (the contract profile's ``reuse_calls``): what it
+#: passes beside the agreement it reuses.
+_REUSE_FIELDS = (
+    fields.Field("num_reqs", fields.integer(0, MAX_INT)),
+    fields.Field("max_query_len", fields.optional(fields.integer(0, MAX_INT))),
+    fields.Field("num_active_loras", fields.integer(0, MAX_INT)),
+)
+_REQUIRED_REUSE_FIELDS = frozenset(("num_reqs",))
 
 
 class Malformed(UsageError):
@@ -162,6 +170,12 @@ def case(value: Any) -> dict[str, Any]:
             _batch(batch, f"{where}[{rank}]")
     if len(widths) != 1:
         raise Malformed("case.steps: every step needs one batch per rank")
+    if "reuse_calls" in data:
+        calls = sequence(data["reuse_calls"], "case.reuse_calls", MAX_STEPS)
+        for index, step in enumerate(calls):
+            where = f"case.reuse_calls[{index}]"
+            for rank, call in enumerate(sequence(step, where, MAX_RANKS)):
+                _record(call, f"{where}[{rank}]", _REUSE_FIELDS, _REQUIRED_REUSE_FIELDS)
     if "dp_size" in data:
         dp_size = integer(data["dp_size"], "case.dp_size", 1, MAX_RANKS)
         if dp_size != len(steps[0]):
@@ -189,22 +203,35 @@ def _bounded(value: Any, where: str, depth: int = 0) -> None:
 
 
 def _batch(value: Any, where: str) -> None:
-    batch = mapping(value, where)
-    unknown = set(batch) - _BATCH_KEYS
-    if unknown:
-        raise Malformed(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
-    for spec in _BATCH_FIELDS:
-        if spec.name in _REQUIRED_BATCH_FIELDS:
-            value = required(batch, spec.name, where)
-        elif spec.name in batch:
-            value = batch[spec.name]
-        else:
-            continue
-        problem = spec.problem(value)
-        if problem is not None:
-            raise Malformed(f"{where}.{spec.name} {problem}")
+    batch = _record(value, where, _BATCH_FIELDS, _REQUIRED_BATCH_FIELDS, ("kind",))
     if "kind" in batch:
         one_of(batch["kind"], BATCH_KINDS, f"{where}.kind")
+
+
+def _record(
+    value: Any,
+    where: str,
+    specs: tuple[fields.Field, ...],
+    required_names: frozenset[str],
+    other_keys: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A mapping of ``specs``' fields (and ``other_keys``, checked by the
+    caller), each checked in ``specs``' order; ``required_names`` must be there."""
+    record = mapping(value, where)
+    unknown = set(record) - {spec.name for spec in specs} - set(other_keys)
+    if unknown:
+        raise Malformed(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
+    for spec in specs:
+        if spec.name in required_names:
+            item = required(record, spec.name, where)
+        elif spec.name in record:
+            item = record[spec.name]
+        else:
+            continue
+        problem = spec.problem(item)
+        if problem is not None:
+            raise Malformed(f"{where}.{spec.name} {problem}")
+    return record
 
 
 def choices(value: Any, ranks: int) -> tuple[int, ...]:
