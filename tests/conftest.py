@@ -7,6 +7,7 @@ cached release's own sources at test time.
 
 from __future__ import annotations
 
+import signal
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,20 @@ from faults import VOTING
 
 from dpsim.targets import Target, load_target
 from dpsim.targets.cache import ensure_release
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Python's own Ctrl-C handler, wherever the run was started from.
+
+    A process started with SIGINT ignored (``make test &`` from a script,
+    some CI runners) keeps it ignored, and so does every process it starts.
+    The tests that send Ctrl-C (to dpsim in this process or to a child) and
+    check which handler dpsim puts back need the handler an interactive start
+    gives; a Python handler, unlike an ignored signal, is not inherited across
+    exec, so the children they start get their default back as well.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
