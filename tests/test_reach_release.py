@@ -11,6 +11,7 @@ import pytest
 
 from dpsim.check import DEFAULT_EXAMPLES, CheckOptions, run_check
 from dpsim.mutate import Budget, generate, mutate
+from dpsim.mutate import run as mutate_run
 from dpsim.records.case import PROFILES
 from dpsim.targets import load_target
 
@@ -48,7 +49,7 @@ def test_the_min_bound_mutant_is_caught_by_a_default_contract_check(
 
 
 def test_the_min_bound_mutant_is_killed_by_mutate(
-    release_file: Callable[[str, str], Path],
+    release_file: Callable[[str, str], Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = release_file("0.33.0", V2_SYNC).read_text()
     line = text[: text.index(AGREED_BOUND)].count("\n") + 1
@@ -57,13 +58,21 @@ def test_the_min_bound_mutant_is_killed_by_mutate(
         for mutant in generate(text)
         if mutant.id.startswith(f"min-max@{line}:")
     ]
-    # The contract profile alone, so the test stays short: the caller
-    # profile's 0.33.0 drafters pass no bound, so it cannot tell min from max.
+    # The step leg alone, so the test stays short: a mutant's legs run step
+    # first and its first failure ends it, and the original's other legs
+    # only say whether those later legs judge relatively. So a kill in step
+    # here is the kill a full run scores, and the baseline's other legs
+    # (about 20 s of CPU) decide nothing. The contract profile alone too:
+    # the caller profile's 0.33.0 drafters pass no bound, so it cannot tell
+    # min from max.
+    monkeypatch.setattr(mutate_run, "scenarios_for", lambda target: ("step",))
     report = mutate(
         "0.33.0", None, budget=Budget(profiles=("contract",)), workers=0, only=(mutant,)
     )
+    assert [leg.scenario for leg in report.plan.legs] == ["step"]
     (result,) = report.results
     assert result.outcome.killed and result.outcome.killer == "coverage"
+    assert result.outcome.scenario == "step"
 
 
 #: The caller profile's cases per scenario here: a third of the default budget
