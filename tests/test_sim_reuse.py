@@ -97,3 +97,44 @@ def test_an_idle_world_keeps_nothing_of_its_last_run() -> None:
         for held in gc.get_objects()
         if type(held) is Pending and held.name == "reuse_probe"
     ]
+
+
+def _meddling_program(rank: int) -> None:
+    view = runtime.current().dp_group()
+    if rank == 0:
+        view.ranks.append(99)
+    else:
+        view.marker = rank  # type: ignore[attr-defined]
+
+
+def _reading_program(rank: int) -> tuple[list[int], object]:
+    view = runtime.current().dp_group()
+    return list(view.ranks), getattr(view, "marker", None)
+
+
+def test_what_a_target_does_to_its_dp_view_is_refused_and_does_not_outlive_the_run() -> (
+    None
+):
+    sim_world._IDLE.by_layout.clear()
+    meddled = simulate(_meddling_program, ranks=3)
+
+    assert meddled.outcome is Outcome.CRASH
+    errors = [trace.error for trace in meddled.ranks]
+    assert errors[0] is not None and errors[0].type == "TypeError"
+    assert "GroupCoordinator.ranks" in errors[0].message
+    for error in errors[1:]:
+        assert error is not None and error.type == "AttributeError"
+        assert "'marker'" in error.message
+    assert sim_world._IDLE.by_layout, "the meddled run's world was not kept for reuse"
+
+    later = simulate(_reading_program, ranks=3)
+
+    assert later.returns() == [([0, 1, 2], None)] * 3
+
+
+def test_a_dp_views_ranks_is_a_list_as_vllms_is() -> None:
+    def program(rank: int) -> bool:
+        ranks = runtime.current().dp_group().ranks
+        return isinstance(ranks, list) and ranks == [0, 1]
+
+    assert simulate(program, ranks=2).returns() == [True, True]

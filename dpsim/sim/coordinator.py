@@ -7,6 +7,10 @@ collectives, on the process group vLLM would use: ``cpu_all_reduce_`` and
 ``barrier`` on the CPU (gloo) group, the device communicator's
 ``all_reduce`` / ``all_gather`` / ``broadcast`` on the device group. Like vLLM,
 the device methods short-circuit for a group of one.
+
+A view is kept for later runs of its layout (see ``dpsim.sim.world``), so it
+is read-only: assigning or deleting an attribute, or changing ``ranks``, is
+refused by name rather than carried into the next run.
 """
 
 from __future__ import annotations
@@ -19,6 +23,25 @@ import torch
 from dpsim.records.dist import DistLike
 
 _CPU = torch.device("cpu")
+
+
+class FrozenRanks(list[int]):
+    """A group's ``ranks``: a ``list`` as vLLM's is (equal to one, a ``list`` to
+    ``isinstance``), whose in-place changes are refused.
+
+    One list serves every member's view and every later run of the layout.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> Any:
+        raise TypeError(
+            "dpsim's simulated GroupCoordinator.ranks is shared by every rank "
+            "and kept for later runs; it cannot be changed in place"
+        )
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refuse
+    append = extend = insert = pop = remove = clear = sort = reverse = _refuse
 
 
 @functools.lru_cache(maxsize=4096)
@@ -40,6 +63,7 @@ class GroupCoordinatorView:
     """One rank's view of a group: attributes are that rank's, calls go to ``dist``."""
 
     # Set through ``__dict__`` (see for_member), so declared here.
+    # ``ranks`` is a :class:`FrozenRanks` (see shared_attributes).
     _dist: DistLike
     unique_name: str
     ranks: list[int]
@@ -82,7 +106,7 @@ class GroupCoordinatorView:
         return {
             "_dist": dist,
             "unique_name": unique_name,
-            "ranks": ranks,
+            "ranks": FrozenRanks(ranks),
             "world_size": len(ranks),
             "cpu_group": cpu_group,
             "device_group": device_group,
@@ -101,10 +125,25 @@ class GroupCoordinatorView:
         fraction of setting each attribute in turn.
         """
         view = object.__new__(cls)
-        view.__dict__ = shared | _rank_attributes(
-            rank, rank_in_group, shared["world_size"]
+        object.__setattr__(
+            view,
+            "__dict__",
+            shared | _rank_attributes(rank, rank_in_group, shared["world_size"]),
         )
         return view
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(
+            f"dpsim's simulated GroupCoordinator has no settable attribute "
+            f"{name!r}: a view is kept for later runs, so a change would outlive "
+            "its run"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(
+            f"dpsim's simulated GroupCoordinator cannot delete {name!r}: a view "
+            "is kept for later runs, so a change would outlive its run"
+        )
 
     def cpu_all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """In-place SUM over the CPU group; returns ``tensor``."""
