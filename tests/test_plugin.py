@@ -82,9 +82,12 @@ def test_database_keys_follow_the_configuration_not_the_checkout() -> None:
 
 
 @pytest.mark.release
-def test_suite_against_a_release_with_xdist_and_junit(tmp_path: Path) -> None:
+def test_suite_against_a_release_with_xdist_junit_and_coverage(tmp_path: Path) -> None:
+    """One session of the suite under two xdist workers: JUnit's outcomes, and
+    the target coverage each worker's children send back to the controller
+    (printed and written), so the session's interpreters start once for both."""
     ensure_release("0.29.0")
-    report = tmp_path / "junit.xml"
+    report, out = tmp_path / "junit.xml", tmp_path / "out"
     run = _pytest(
         tmp_path,
         "--pyargs",
@@ -96,8 +99,18 @@ def test_suite_against_a_release_with_xdist_and_junit(tmp_path: Path) -> None:
         "-n",
         "2",
         f"--junitxml={report}",
+        *("--dpsim-out", str(out), "--dpsim-coverage"),
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    assert "dpsim target coverage" in run.stdout
+    assert "  v1/worker/gpu/dp_utils.py: lines " in run.stdout
+    data = json.loads((out / "coverage" / "coverage.json").read_text())
+    assert data["files"][0]["file"] == "v1/worker/gpu/dp_utils.py"
+    assert data["files"][0]["lines_executed"] > 0
+    # Every scenario that ran, whichever worker ran it.
+    scenarios = sorted(item["scenario"] for item in data["contexts"])
+    assert scenarios == ["drafter", "profile", "step"]
+    assert (out / "coverage" / "index.html").is_file()
     cases = ElementTree.parse(report).getroot().iter("testcase")
     outcomes = {
         case.get("name"): [child.tag for child in case if child.tag != "system-out"]
