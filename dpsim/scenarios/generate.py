@@ -135,9 +135,39 @@ def scenarios_for(target: Target) -> tuple[str, ...]:
 
 def token_counts(policy: CapturePolicy) -> st.SearchStrategy[int]:
     """Positive token counts, mostly at capture-table edges."""
-    largest = max(policy.capture_sizes, default=8)
-    edges = [*_edge_values(policy), largest + 1]
+    return _token_counts(policy.capture_sizes)
+
+
+# The batch strategies below are cached by the values they are built from,
+# not per policy: a search draws a new policy for about one case in three,
+# and a strategy object's first draw costs several draws (see
+# dpsim.capture.once), while many policies share a table, an anchor or a
+# request bound. Where a one_of is still new (a new anchor or bound), its
+# branches come from caches, so only the one_of itself is worked out anew.
+# Each branch position has its own cache (the _Branches below), never one
+# shared with another position: a one_of drops a branch object it already
+# has (by identity), so two equal lists sharing one object would change its
+# branches, and so its choices.
+@functools.lru_cache(maxsize=1024)
+def _token_counts(capture_sizes: tuple[int, ...]) -> st.SearchStrategy[int]:
+    largest = max(capture_sizes, default=8)
+    edges = [*_edges_of(capture_sizes), largest + 1]
     return st.one_of(st.sampled_from(edges), st.integers(1, 2 * largest + 2))
+
+
+@functools.lru_cache(maxsize=1024)
+def anchors_of(
+    landmarks: tuple[int, ...], capture_sizes: tuple[int, ...]
+) -> st.SearchStrategy[int]:
+    """A step's anchor: one of ``landmarks`` (sorted) or a token count."""
+    tokens = _token_counts(capture_sizes)
+    return st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
+
+
+@functools.lru_cache(maxsize=4096)
+def tokens_near(anchor: int, capture_sizes: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """Token counts around ``anchor``, else anywhere on the table's edges."""
+    return st.one_of(_NEAR_TOKENS(tuple(_near(anchor))), _token_counts(capture_sizes))
 
 
 def cases(
@@ -280,11 +310,11 @@ def _caller_batches(
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
+    sizes = policy.capture_sizes
     tokens = token_counts(policy)
     # Batches are sized around an anchor: a capture size, where padding
     # flips, or a microbatching threshold, where splitting does.
-    landmarks = sorted({*policy.capture_sizes, *_thresholds(policy)})
-    anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
+    anchors = anchors_of(tuple(sorted({*sizes, *_thresholds(policy)})), sizes)
     loras = active_loras(policy, model.rules.max_loras(policy.lora_capture_cases))
     # vLLM's dummy and profile runs pass their own LoRA count, not a draw.
     dummy_loras = model.rules.dummy_batch_loras(policy.lora_capture_cases)
@@ -296,17 +326,7 @@ def _caller_batches(
         # Each active adapter serves at least one of the batch's requests.
         return min(draw(loras), num_reqs) if has("num_active_loras") else 0
 
-    decode_requests = st.one_of(
-        st.sampled_from(
-            sorted(
-                {
-                    max(1, min(max_reqs, -(-t // query_len)))
-                    for t in _edge_values(policy)
-                }
-            )
-        ),
-        st.integers(1, max_reqs),
-    )
+    decode_requests = _decode_requests(sizes, max_reqs, query_len)
 
     def finish(
         lengths: list[int], has_prefill: bool, kind: str, draw: st.DrawFn
@@ -356,24 +376,10 @@ def _caller_batches(
         for size in policy.capture_sizes
         if decode_threshold <= size <= max_reqs * query_len
     ] or list(policy.capture_sizes)
-    split_anchors = st.sampled_from(graph_sizes) if graph_sizes else anchors
+    # Drawn alone, never as a one_of's branch: shared objects are safe here.
+    split_anchors = sampled(tuple(graph_sizes)) if graph_sizes else anchors
     shorter_lengths = ints(1, query_len - 1) if query_len > 1 else None
-    mix_choice = st.sampled_from(mixes)
-
-    # Strategies that depend on the step's anchor, built once per anchor.
-    @functools.lru_cache(maxsize=256)
-    def decodes_near(anchor: int) -> st.SearchStrategy[int]:
-        near = _near(anchor)
-        return st.one_of(
-            st.sampled_from(
-                sorted({max(1, min(max_reqs, value // query_len)) for value in near})
-            ),
-            decode_requests,
-        )
-
-    @functools.lru_cache(maxsize=256)
-    def tokens_near(anchor: int) -> st.SearchStrategy[int]:
-        return st.one_of(st.sampled_from(_near(anchor)), tokens)
+    mix_choice = sampled(mixes)
 
     def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
         kind = draw(sampled(kinds))
@@ -401,9 +407,9 @@ def _caller_batches(
             lengths = [query_len] * (reqs - short) + [shorter] * short
             return finish(lengths, False, kind, draw)
         if kind in ("decode", "varlen"):
-            reqs = draw(decodes_near(anchor))
+            reqs = draw(_decodes_near(anchor, sizes, max_reqs, query_len))
             return finish([query_len] * reqs, False, "decode", draw)
-        total = draw(tokens_near(anchor))
+        total = draw(tokens_near(anchor, sizes))
         prefills = draw(ints(1, max(1, min(total, max_reqs))))
         lengths = _split(total, prefills)
         if kind == "mixed":
@@ -449,23 +455,8 @@ def _contract_batches(
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
     has = model.features.__contains__
-    counts = st.one_of(token_counts(policy), st.just(0))
+    counts = counts_or_none(policy.capture_sizes)
     loras = active_loras(policy)
-
-    @functools.lru_cache(maxsize=256)
-    def uniforms(divisors: tuple[int, ...]) -> st.SearchStrategy[int | None]:
-        return st.one_of(st.none(), st.sampled_from(divisors))
-
-    @functools.lru_cache(maxsize=256)
-    def bounds(least: int, most: int) -> st.SearchStrategy[int | None]:
-        # Bounds at the decode length and one either side, where a varlen
-        # decode graph (captured for bounds up to it) stops serving a rank:
-        # ranks on both sides of it are where the agreed bound matters.
-        edges = sorted(
-            {value for value in (query_len - 1, query_len, query_len + 1, least)}
-            & set(range(least, most + 1))
-        )
-        return st.one_of(st.none(), st.sampled_from(edges), st.integers(least, most))
 
     def one_rank(draw: st.DrawFn) -> RankBatch:
         tokens = draw(counts)
@@ -476,14 +467,14 @@ def _contract_batches(
             divisors = tuple(
                 u for u in range(1, 9) if tokens % u == 0 and tokens // u <= max_reqs
             )
-            uniform = draw(uniforms(divisors)) if divisors else None
+            uniform = draw(_uniforms(divisors)) if divisors else None
             if uniform is not None:
                 reqs = tokens // uniform
             else:
                 reqs = draw(ints(1, max(1, min(tokens, max_reqs))))
             if has("max_query_len"):
                 least = uniform or -(-tokens // reqs)
-                bound = draw(bounds(least, max(least, tokens)))
+                bound = draw(_bounds(query_len, least, max(least, tokens)))
         profile_run = scenario == "profile"
         return RankBatch(
             num_reqs=reqs,
@@ -515,6 +506,91 @@ def _contract_batches(
         return [draw(pick) for _ in range(dp_size)]
 
     return step
+
+
+@functools.lru_cache(maxsize=1024)
+def _decode_requests(
+    capture_sizes: tuple[int, ...], max_reqs: int, query_len: int
+) -> st.SearchStrategy[int]:
+    """Request counts whose decodes reach the table's edges, or any count."""
+    edges = _edges_of(capture_sizes)
+    reach = sorted({max(1, min(max_reqs, -(-t // query_len))) for t in edges})
+    return st.one_of(st.sampled_from(reach), st.integers(1, max_reqs))
+
+
+def _decodes_near(
+    anchor: int, capture_sizes: tuple[int, ...], max_reqs: int, query_len: int
+) -> st.SearchStrategy[int]:
+    near = requests_near(anchor, max_reqs, query_len)
+    return _decodes_among(near, capture_sizes, max_reqs, query_len)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decodes_among(
+    near: tuple[int, ...], capture_sizes: tuple[int, ...], max_reqs: int, query_len: int
+) -> st.SearchStrategy[int]:
+    return st.one_of(
+        NEAR_REQUESTS(near), _decode_requests(capture_sizes, max_reqs, query_len)
+    )
+
+
+def requests_near(anchor: int, max_reqs: int, query_len: int) -> tuple[int, ...]:
+    """Request counts (sorted) whose decodes come to about ``anchor`` tokens."""
+    near = {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
+    return tuple(sorted(near))
+
+
+@functools.lru_cache(maxsize=1024)
+def counts_or_none(capture_sizes: tuple[int, ...]) -> st.SearchStrategy[int]:
+    """Token counts at the table's edges, or none at all (an idle rank)."""
+    return st.one_of(_token_counts(capture_sizes), st.just(0))
+
+
+@functools.lru_cache(maxsize=1024)
+def _uniforms(divisors: tuple[int, ...]) -> st.SearchStrategy[int | None]:
+    return st.one_of(st.none(), st.sampled_from(divisors))
+
+
+def _bounds(query_len: int, least: int, most: int) -> st.SearchStrategy[int | None]:
+    # Bounds at the decode length and one either side, where a varlen
+    # decode graph (captured for bounds up to it) stops serving a rank:
+    # ranks on both sides of it are where the agreed bound matters.
+    edges = sorted(
+        {value for value in (query_len - 1, query_len, query_len + 1, least)}
+        & set(range(least, most + 1))
+    )
+    return _bounds_among(tuple(edges), least, most)
+
+
+@functools.lru_cache(maxsize=8192)
+def _bounds_among(
+    edges: tuple[int, ...], least: int, most: int
+) -> st.SearchStrategy[int | None]:
+    return st.one_of(_NO_BOUND, _BOUND_EDGES(edges), ints(least, most))
+
+
+class _Branches:
+    """``st.sampled_from(values)`` for one branch position of one kind of
+    one_of, one object per tuple of values (see above: never shared with
+    another position)."""
+
+    def __init__(self) -> None:
+        self._built: dict[tuple[int, ...], st.SearchStrategy[int]] = {}
+
+    def __call__(self, values: tuple[int, ...]) -> st.SearchStrategy[int]:
+        built = self._built.get(values)
+        if built is None:
+            if len(self._built) >= 8192:
+                self._built.clear()
+            built = self._built[values] = st.sampled_from(values)
+        return built
+
+
+_NEAR_TOKENS = _Branches()
+NEAR_REQUESTS = _Branches()
+_BOUND_EDGES = _Branches()
+#: The bounds' "no bound" branch.
+_NO_BOUND = st.none()
 
 
 def active_loras(
@@ -577,11 +653,16 @@ def _near(anchor: int) -> list[int]:
 def _edge_values(policy: CapturePolicy) -> list[int]:
     """1, each capture size and one either side, and the same around half of
     each size, where a microbatched split of that size changes hands."""
+    return list(_edges_of(policy.capture_sizes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _edges_of(capture_sizes: tuple[int, ...]) -> tuple[int, ...]:
     values = {1}
-    for size in policy.capture_sizes:
+    for size in capture_sizes:
         half = size // 2
         values.update((size - 1, size, size + 1, half - 1, half, half + 1))
-    return sorted(value for value in values if value > 0)
+    return tuple(sorted(value for value in values if value > 0))
 
 
 def _split(total: int, parts: int) -> list[int]:

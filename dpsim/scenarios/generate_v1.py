@@ -45,14 +45,24 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from dpsim.capture.once import BOOLEANS, ints
+from dpsim.capture.once import BOOLEANS, ints, sampled
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import Capabilities, CapturePolicy
 from dpsim.targets.buildable import BuildRules, rules_for
 from dpsim.targets.load import Target
 from dpsim.targets.v1.dispatcher import lora_settings
 
-from .generate import _PALETTE_SIZES, KIND_MIXES, _near, active_loras, token_counts
+from .generate import (
+    _PALETTE_SIZES,
+    KIND_MIXES,
+    NEAR_REQUESTS,
+    active_loras,
+    anchors_of,
+    counts_or_none,
+    requests_near,
+    token_counts,
+    tokens_near,
+)
 
 #: The first release whose ``execute_dummy_batch`` runs ``uniform_decode_query_len``
 #: tokens (0.12-0.18 run one token).
@@ -183,24 +193,11 @@ def caller_batches(
     veto = model.microbatch_veto and policy.microbatching is not None
     # Decode graphs live at capture sizes whole decodes fill; sizes around
     # them and around the threshold are where padding and splitting flip.
-    landmarks = sorted({*policy.capture_sizes, *([threshold] if threshold else [])})
-    anchors = st.one_of(st.sampled_from(landmarks), tokens) if landmarks else tokens
+    sizes = policy.capture_sizes
+    landmarks = sorted({*sizes, *([threshold] if threshold else [])})
+    anchors = anchors_of(tuple(landmarks), sizes)
     shorter_lengths = ints(1, query_len - 1) if query_len > 1 else None
-    kinds_of = {kinds: st.sampled_from(kinds) for kinds in KIND_MIXES}
-    mix_choice = st.sampled_from(KIND_MIXES)
-    any_requests = st.integers(1, max_reqs)
-
-    # Strategies that depend on the step's anchor, built once per anchor.
-    @functools.lru_cache(maxsize=256)
-    def requests_around(anchor: int) -> st.SearchStrategy[int]:
-        near = sorted(
-            {max(1, min(max_reqs, value // query_len)) for value in _near(anchor)}
-        )
-        return st.one_of(st.sampled_from(near), any_requests)
-
-    @functools.lru_cache(maxsize=256)
-    def tokens_near(anchor: int) -> st.SearchStrategy[int]:
-        return st.one_of(st.sampled_from(_near(anchor)), tokens)
+    mix_choice = sampled(KIND_MIXES)
 
     def batch(
         lengths: list[int], kind: str, draw: st.DrawFn, encoders: int = 0
@@ -219,25 +216,26 @@ def caller_batches(
             kind=kind,
         )
 
-    def requests_near(draw: st.DrawFn, anchor: int) -> int:
-        return draw(requests_around(anchor))
+    def requests_around(draw: st.DrawFn, anchor: int) -> int:
+        near = requests_near(anchor, max_reqs, query_len)
+        return draw(_requests_among(near, max_reqs))
 
     def one_rank(
         draw: st.DrawFn, kinds: tuple[str, ...], anchor: int
     ) -> tuple[RankBatch, int]:
         """A rank's batch and how many of its requests are prefills."""
-        kind = draw(kinds_of[kinds])
+        kind = draw(sampled(kinds))
         if kind == "dummy":
             return batch([dummy_tokens], kind, draw), 0
         if kind == "decode":
-            return batch([query_len] * requests_near(draw, anchor), kind, draw), 0
+            return batch([query_len] * requests_around(draw, anchor), kind, draw), 0
         if kind == "varlen" and shorter_lengths is not None:
-            reqs = requests_near(draw, anchor)
+            reqs = requests_around(draw, anchor)
             short = draw(ints(1, reqs))
             shorter = draw(shorter_lengths)
             lengths = [query_len] * (reqs - short) + [shorter] * short
             return batch(lengths, kind, draw), 0
-        total = draw(tokens_near(anchor))
+        total = draw(tokens_near(anchor, sizes))
         prefills = draw(ints(1, max(1, min(total, max_reqs))))
         lengths = split_evenly(total, prefills)
         prefill_count = len(lengths)
@@ -303,7 +301,7 @@ def contract_batches(
     model: V1CallerModel, policy: CapturePolicy, scenario: str
 ) -> BatchesOf:
     """One step's batches as the caller method's signature allows them."""
-    counts = st.one_of(token_counts(policy), st.just(0))
+    counts = counts_or_none(policy.capture_sizes)
     loras = _loras(model, policy)
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
@@ -347,6 +345,12 @@ def contract_batches(
         return [draw(pick) for _ in range(dp_size)]
 
     return step
+
+
+@functools.lru_cache(maxsize=4096)
+def _requests_among(near: tuple[int, ...], max_reqs: int) -> st.SearchStrategy[int]:
+    # Cached by value, not per policy: see dpsim.scenarios.generate.
+    return st.one_of(NEAR_REQUESTS(near), st.integers(1, max_reqs))
 
 
 def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int]:
