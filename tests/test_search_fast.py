@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis import strategies as st
 from hypothesis.database import InMemoryExampleDatabase
 from hypothesis.errors import NoSuchExample, Unsatisfiable
+from hypothesis.strategies import SearchStrategy
 
 from dpsim.search import fast
-from dpsim.search.draw import context, draw
+from dpsim.search.draw import SAMPLED_FROM, context, draw
 from dpsim.search.internals import ConjectureData, Status, StopTest
 
 
@@ -35,7 +36,18 @@ def config(examples: int = 200, database: Any = None, shrink: bool = True) -> An
     )
 
 
+@st.composite
+def built_per_draw(draw: Any) -> tuple[list[int], int | None, int]:
+    """Strategies made anew inside each draw, as a step's palette is."""
+    items = draw(st.lists(st.integers(0, 9), min_size=1, max_size=4))
+    pick = st.sampled_from(items)
+    either = st.one_of(st.none(), st.sampled_from(items), st.integers(0, max(items)))
+    doubled = st.sampled_from(items).map(lambda item: 2 * item)
+    return [draw(pick) for _ in range(3)], draw(either), draw(doubled)
+
+
 STRATEGIES = {
+    "built per draw": built_per_draw(),
     "lists": st.lists(st.integers(0, 100), min_size=3, max_size=40),
     "nested": st.lists(
         st.tuples(st.booleans(), st.one_of(st.none(), st.integers(-5, 5))),
@@ -85,6 +97,35 @@ def test_a_draw_past_hypothesis_buffer_is_rejected_as_it_would_overrun() -> None
     with pytest.raises(StopTest), context(data):
         data.draw(strategy)
     assert data.status is Status.OVERRUN
+
+
+def test_a_plain_sampled_from_has_nothing_to_validate_and_is_never_empty() -> None:
+    # What lets a draw skip validating one (draw.py): Hypothesis' defaults,
+    # which validate nothing and call a strategy not empty.
+    assert SAMPLED_FROM.do_validate is SearchStrategy.do_validate
+    assert SAMPLED_FROM.calc_is_empty is SearchStrategy.calc_is_empty
+    for strategy in (
+        st.sampled_from([3, 1]),
+        st.sampled_from([3, 1]).map(str),
+        st.sampled_from([3, 1]).filter(bool),
+    ):
+        assert type(strategy) is SAMPLED_FROM
+        assert not strategy.is_empty
+
+
+def test_a_sampled_from_whose_filter_rejects_everything_is_rejected() -> None:
+    strategy = st.sampled_from([1, 2, 3]).filter(lambda item: item > 5)
+    assert draw(strategy, Random(0)) is None
+    data = ConjectureData(random=Random(0))
+    with pytest.raises(StopTest), context(data):
+        data.draw(strategy)
+    assert data.status is Status.INVALID
+
+
+def test_an_empty_strategy_is_rejected_every_time_it_is_drawn() -> None:
+    # Only strategies found not empty are remembered as ready.
+    strategy = st.one_of(st.nothing(), st.nothing())
+    assert [draw(strategy, Random(seed)) for seed in range(3)] == [None] * 3
 
 
 def test_repeats_of_an_earlier_case_are_not_run_and_the_stop_is_said() -> None:
