@@ -48,21 +48,24 @@ def options(
     )
 
 
-def twin_checks() -> list[tuple[str, str, str, str, str]]:
-    """(reference, scenario, profile, property, an entry with that policy), deduplicated."""
-    seen: dict[tuple[str, str, str, str, object], str] = {}
+def twin_checks() -> list[tuple[str, str, str, tuple[str, ...], str]]:
+    """(reference, scenario, profile, properties, an entry with that policy):
+    one check per reference, scenario, profile and policy, judging every
+    property an entry there is designated for.
+
+    One check of several properties is the checks of each alone: the cases
+    drawn depend on the target, scenario, profile, policy and seed, never on
+    the properties judged, so each property is judged on the same cases, and
+    a twin passes only if none of them fails on any."""
+    grouped: dict[tuple[str, str, str, object], tuple[str, list[str]]] = {}
     for entry in CORPUS:
-        key = (
-            entry.reference,
-            entry.scenario,
-            entry.profile,
-            entry.designated,
-            entry.policy,
-        )
-        seen.setdefault(key, entry.name)
+        key = (entry.reference, entry.scenario, entry.profile, entry.policy)
+        _, designated = grouped.setdefault(key, (entry.name, []))
+        if entry.designated not in designated:
+            designated.append(entry.designated)
     return [
-        (ref, scen, prof, prop, name)
-        for (ref, scen, prof, prop, _), name in seen.items()
+        (ref, scen, prof, tuple(designated), name)
+        for (ref, scen, prof, _), (name, designated) in grouped.items()
     ]
 
 
@@ -161,18 +164,18 @@ def test_faulty_target_is_caught_by_its_property(name: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("reference", "scenario", "profile", "prop", "like"),
+    ("reference", "scenario", "profile", "properties", "like"),
     twin_checks(),
-    ids=lambda value: str(value),
+    ids=lambda value: "+".join(value) if isinstance(value, tuple) else str(value),
 )
 def test_reference_twin_passes(
-    reference: str, scenario: str, profile: str, prop: str, like: str
+    reference: str, scenario: str, profile: str, properties: tuple[str, ...], like: str
 ) -> None:
     entry = BY_NAME[like]
     target = load_target(
         entry.vllm, corpus.reference_path(reference), runner=entry.runner
     )
-    report = run_check(target, options(entry, (prop,), CONTROL_EXAMPLES))
+    report = run_check(target, options(entry, properties, CONTROL_EXAMPLES))
     failed = report.first_failure
     assert failed is None, (
         f"reference {reference}: {failed and failed.finding and failed.finding.primary}"
