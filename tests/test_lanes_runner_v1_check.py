@@ -10,9 +10,10 @@ replay (which reads the runner from the file) reproduces it byte for byte.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from dpsim.cli import main
 from dpsim.lanes.runner import case as runner_case
+from dpsim.targets.cache import ensure_release
 
 pytestmark = pytest.mark.release
 
@@ -27,11 +29,16 @@ pytestmark = pytest.mark.release
 TIMEOUT_S = 1.0
 
 
-@pytest.fixture
-def planted_tree(release_file: Callable[[str, str], Path], tmp_path: Path) -> Path:
-    """0.33.0 with the V1 dummy run forwarding its local token count."""
-    package = release_file("0.33.0", "v1/worker/gpu_model_runner.py").parents[2]
-    tree = tmp_path / "tree" / "vllm"
+@pytest.fixture(scope="module")
+def found(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path]:
+    """check --lane runner --runner v1 on 0.33.0 with the V1 dummy run
+    forwarding its local token count: the summary and the case file written.
+
+    Module-scoped: both tests read the one file (neither writes it), and a
+    runner-lane check that finds and shrinks the bug is most of each test's
+    cost."""
+    package = ensure_release("0.33.0")
+    tree = tmp_path_factory.mktemp("tree") / "vllm"
     shutil.copytree(package, tree)
     path = tree / "v1" / "worker" / "gpu_model_runner.py"
     text = path.read_text()
@@ -43,22 +50,19 @@ def planted_tree(release_file: Callable[[str, str], Path], tmp_path: Path) -> Pa
             "        num_tokens_padded = num_tokens_unpadded\n        num_reqs_padded",
         )
     )
-    return tree
-
-
-def _found(
-    tree: Path, out: Path, capsys: pytest.CaptureFixture[str]
-) -> tuple[dict[str, Any], Path]:
+    out = tmp_path_factory.mktemp("out")
     arguments = ["check", "--lane", "runner", "--runner", "v1", "--vllm", str(tree)]
-    assert main([*arguments, "--json", "--out", str(out)]) == 1
-    summary = json.loads(capsys.readouterr().out)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([*arguments, "--json", "--out", str(out)]) == 1
+    summary = json.loads(printed.getvalue())
     return summary, Path(summary["counterexample"])
 
 
 def test_a_planted_v1_bug_is_found_written_and_replayed(
-    planted_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    found: tuple[dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    summary, written = _found(planted_tree, tmp_path / "out", capsys)
+    summary, written = found
     assert summary["lane"] == "runner" and summary["verdict"] == "fail"
     assert "(V1 runner)" in summary["target"]
     recorded = runner_case.read(written)
@@ -83,9 +87,9 @@ def test_a_planted_v1_bug_is_found_written_and_replayed(
 
 @pytest.mark.gloo
 def test_a_v1_case_file_replays_on_gloo_and_agrees_with_the_simulator(
-    planted_tree: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    found: tuple[dict[str, Any], Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, written = _found(planted_tree, tmp_path / "out", capsys)
+    _, written = found
     args = ["replay", str(written), "--backend", "gloo", "--timeout", str(TIMEOUT_S)]
     assert main([*args, "--json"]) == 1
     lane = json.loads(capsys.readouterr().out)["lane"]
