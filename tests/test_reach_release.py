@@ -86,20 +86,23 @@ SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "dp_utils_seed
 
 
 @pytest.mark.parametrize(
-    ("vllm", "runner", "target_file"),
+    ("vllm", "runner", "target_file", "clean"),
     [
-        ("0.33.0", "v2", None),
-        ("0.29.0", "v2", SEED),
-        ("0.33.0", "v1", None),
+        ("0.33.0", "v2", None, False),
+        ("0.29.0", "v2", SEED, False),
+        # V1's 0.33.0 fails nothing (tests/test_scenarios_v1.py's EXAMINED):
+        # its contract check here is that test's, at the default budget.
+        ("0.33.0", "v1", None, True),
     ],
     ids=["0.33.0", "seed-on-0.29.0", "0.33.0-v1"],
 )
 def test_a_default_check_reaches_every_branch_not_marked_unreachable_for_its_profile(
-    vllm: str, runner: str, target_file: Path | None
+    vllm: str, runner: str, target_file: Path | None, clean: bool
 ) -> None:
     """Both profiles' default checks, measured together (one target load, one
     measurement) and judged apart: a mark bound to the caller profile (a
-    branch vLLM's callers never reach) must not excuse the contract."""
+    branch vLLM's callers never reach) must not excuse the contract. A
+    ``clean`` target's checks must also find nothing."""
     from dpsim.coverage.measuring import measure
     from dpsim.coverage.targets import scopes_for
 
@@ -109,7 +112,7 @@ def test_a_default_check_reaches_every_branch_not_marked_unreachable_for_its_pro
     measurement = measure(scopes_for(target))
     for profile in PROFILES:
         # 0.33.0 fails finding 1: that scenario stops at its first failure.
-        run_check(
+        report = run_check(
             target,
             CheckOptions(
                 profile=profile,
@@ -118,6 +121,9 @@ def test_a_default_check_reaches_every_branch_not_marked_unreachable_for_its_pro
                 examples=CALLER_EXAMPLES if profile == "caller" else DEFAULT_EXAMPLES,
             ),
         )
+        if clean:
+            failed = report.first_failure
+            assert failed is None, (profile, failed.finding)
     result = measurement.result(target.version)
     assert result.profiles == PROFILES
     for profile in PROFILES:

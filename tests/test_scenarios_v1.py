@@ -319,8 +319,17 @@ EXAMINED: dict[str, set[str]] = {
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", sorted(EXAMINED))
-@pytest.mark.parametrize("profile", ["caller", "contract"])
+@pytest.mark.parametrize(
+    ("profile", "version"),
+    [
+        (profile, version)
+        for profile in ("caller", "contract")
+        for version in sorted(EXAMINED)
+        # A default contract check of 0.33.0 (300 cases, not 200), asserted
+        # to fail nothing, is tests/test_reach_release.py's V1 reach test.
+        if (profile, version) != ("contract", "0.33.0")
+    ],
+)
 def test_a_real_check_on_v1_releases_fails_only_what_was_examined(
     version: str, profile: str
 ) -> None:
