@@ -3,10 +3,11 @@
 The fast engine (:mod:`dpsim.search.fast`) draws cases through Hypothesis' own
 strategies and its own provider (so values keep Hypothesis' distribution and
 edge bias) but without its engine, and hands a failing case's choice sequence
-back to Hypothesis' engine to shrink. No public API does either: ``find()``
-always runs the engine's per-choice bookkeeping, and a seeded ``find()``
-turns the example database off, so it cannot be told to start shrinking from
-a given choice sequence. Every internal name used is imported here, so a
+back to Hypothesis' engine to shrink, with one shrink pass of dpsim's added
+to its shrinker. No public API does any of these: ``find()`` always runs the
+engine's per-choice bookkeeping, a seeded ``find()`` turns the example
+database off, so it cannot be told to start shrinking from a given choice
+sequence, and the shrinker's passes are its own. Every internal name used is imported here, so a
 Hypothesis that moved one fails at import with one line (exit status 2)
 rather than drawing different cases or shrinking wrongly.
 
@@ -27,13 +28,15 @@ try:
     from hypothesis.control import BuildContext
     from hypothesis.database import choices_from_bytes, choices_to_bytes
     from hypothesis.errors import StopTest
-    from hypothesis.internal.conjecture.choice import choice_size
+    from hypothesis.internal.conjecture.choice import choice_from_index, choice_size
     from hypothesis.internal.conjecture.data import MAX_DEPTH, ConjectureData, Status
     from hypothesis.internal.conjecture.engine import (
         BUFFER_SIZE,
         ConjectureRunner,
         RunIsComplete,
     )
+    from hypothesis.internal.conjecture.shrinker import Shrinker, ShrinkPass
+    from hypothesis.internal.conjecture.shrinking.choicetree import Chooser
     from hypothesis.internal.escalation import InterestingOrigin
     from hypothesis.strategies._internal.lazy import unwrap_strategies
 except ImportError as error:  # pragma: no cover - depends on the installed version
@@ -48,12 +51,16 @@ __all__ = [
     "CHECKED_ON",
     "MAX_DEPTH",
     "BuildContext",
+    "Chooser",
     "ConjectureData",
     "ConjectureRunner",
     "InterestingOrigin",
     "RunIsComplete",
+    "ShrinkPass",
+    "Shrinker",
     "Status",
     "StopTest",
+    "choice_from_index",
     "choice_size",
     "choices_from_bytes",
     "choices_to_bytes",

@@ -14,7 +14,9 @@ ENGINE_HELP = (
     "Hypothesis' own distribution but without its engine, which costs several "
     "times less per case; no mutation of earlier cases, exact repeats skipped; "
     "a database is still replayed first and the failing case saved to it, and "
-    "the first failing case is shrunk by Hypothesis exactly as under hypothesis"
+    "the first failing case is shrunk by Hypothesis' shrinker as under hypothesis, "
+    "with one pass more (a rank or step count lowered together with the ranks "
+    "or steps it counted)"
 )
 
 
