@@ -4,7 +4,9 @@ Its cheap data object must draw, for every scenario and profile of both
 runners, exactly the case Hypothesis' engine replays from the same choices:
 otherwise the case it finds failing is not the case Hypothesis shrinks. And
 ``dpsim check --engine fast`` must be as deterministic as the default engine
-and catch a planted bug with a counterexample as small as the default's.
+and catch a planted bug with a counterexample as small as the default's,
+including where the failing rank is the last of many (its shrink pass that
+lowers a count with what it counted).
 """
 
 from __future__ import annotations
@@ -100,3 +102,18 @@ def test_a_planted_bug_is_found_and_shrunk_the_same_every_time(
     # As small as the default engine's: no more ranks and no more steps.
     assert ours.case.dp_size <= theirs.case.dp_size
     assert len(ours.case.steps) <= len(theirs.case.steps)
+
+
+#: Entries whose first failing case (seed 0) Hypothesis' shrinker alone left
+#: at 6 ranks and 2 steps, and at 16 ranks and 2 steps: the failing rank was
+#: the last one, so lowering the rank count alone lost the failure.
+COUNTED = ("uniform-count-per-rank", "uniform-read-off-rank-0")
+
+
+@pytest.mark.parametrize("name", COUNTED)
+def test_a_count_is_lowered_with_what_it_counted(name: str, tmp_path: Path) -> None:
+    run = _corpus_check(name, tmp_path, "fast").first_failure
+    assert run is not None and run.finding is not None
+    # The fewest the cases' strategy draws, as the default engine reaches.
+    assert run.finding.case.dp_size == 2
+    assert len(run.finding.case.steps) == 1
