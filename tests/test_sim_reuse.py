@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import gc
 
+import greenlet
+import pytest
 import torch
 from simprograms import dist
 
 from dpsim.records.trace import Outcome, RankState
-from dpsim.sim import current_world, simulate
+from dpsim.sim import current_world, simulate, workers
 from dpsim.sim import world as sim_world
 from dpsim.sim.collectives import Pending
 from dpsim.targets import runtime
@@ -138,3 +140,48 @@ def test_a_dp_views_ranks_is_a_list_as_vllms_is() -> None:
         return isinstance(ranks, list) and ranks == [0, 1]
 
     assert simulate(program, ranks=2).returns() == [True, True]
+
+
+def test_a_run_after_an_interrupted_run_of_its_layout_runs_every_rank() -> None:
+    def interrupted(rank: int) -> None:
+        raise KeyboardInterrupt
+
+    sim_world._IDLE.by_layout.clear()
+    fresh = simulate(_sum_program, ranks=2).to_json()
+    with pytest.raises(KeyboardInterrupt):
+        simulate(interrupted, ranks=2)
+
+    assert simulate(_sum_program, ranks=2).to_json() == fresh
+
+
+def test_a_world_reuses_its_ranks_greenlets_until_the_pool_is_reset() -> None:
+    # Kept, not just their ids: a dropped greenlet's id can come back.
+    seen: list[list[greenlet.greenlet]] = []
+
+    def program(rank: int) -> None:
+        seen[-1].append(greenlet.getcurrent())
+
+    sim_world._IDLE.by_layout.clear()
+    for reset_first in (False, False, True):
+        if reset_first:
+            workers.reset_pool()
+        seen.append([])
+        simulate(program, ranks=3)
+    first, again, fresh = seen
+
+    assert again == first
+    assert not set(fresh) & set(first)
+
+
+def test_idle_worlds_keep_at_most_max_idle_ranks_ranks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sim_world, "MAX_IDLE_RANKS", 4)
+    sim_world._IDLE.by_layout.clear()
+
+    simulate(_sum_program, ranks=5)
+    assert not sim_world._IDLE.by_layout
+    simulate(_sum_program, ranks=3)
+    simulate(_sum_program, ranks=2)
+    kept = sim_world._IDLE.by_layout.values()
+    assert [world.dist.world_size for world in kept] == [2]

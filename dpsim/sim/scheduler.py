@@ -125,7 +125,7 @@ class Scheduler:
         self._closing = False
         #: The greenlet running the scheduling loop; ranks switch back to it.
         self.hub: greenlet | None = None
-        self._workers: list[workers_pool.Worker] = []
+        self._workers: list[greenlet] = []
         self._started = [False] * ranks
         self._ended = [False] * ranks
         #: What the chooser raised in a rank's greenlet, for the hub to re-raise.
@@ -219,17 +219,22 @@ class Scheduler:
 
     # -- the hub -----------------------------------------------------------
 
-    def run(self, on_quiescent: Callable[[], bool] | None = None) -> None:
-        """Run ranks until none can run. On an exception, close before re-raising.
+    def run(
+        self,
+        crew: workers_pool.Crew,
+        on_quiescent: Callable[[], bool] | None = None,
+    ) -> None:
+        """Run ranks until none can run, worker k of ``crew`` running rank k.
+        On an exception, close before re-raising.
 
-        When no rank can run, ``on_quiescent()`` (if given) is called in the
+        ``crew``'s workers must all be idle. When no rank can run, ``on_quiescent()`` (if given) is called in the
         hub; it may wake ranks (a message into a parked rank's mailbox) and
         return True to go on. The run ends when it returns False or woke no one.
         """
         if self.hub is not None:
             raise SchedulerError("a Scheduler runs once")
         self.hub = getcurrent()
-        self._workers = workers_pool.take(len(self._programs), self.hub, self)
+        self._workers = crew.take(len(self._programs), self.hub, self)
         runnable = self._runnable
         try:
             while True:
@@ -269,48 +274,47 @@ class Scheduler:
         frame: FrameType | None = self._workers[rank].gr_frame
         return frame
 
-    def after_rank(self) -> greenlet:
-        """Where a worker whose rank ended switches to: the next rank, or the hub."""
-        if self._closing:
-            return self.hub
-        return self._next_greenlet()
+    def run_rank(self, rank: int) -> greenlet:
+        """Run one rank's program to its end, in a worker; record how it ended.
 
-    def run_rank(self, rank: int) -> None:
-        """Run one rank's program to its end, in a worker; record how it ended."""
+        Returns where the worker switches next: the next rank, or the hub.
+        """
         self._started[rank] = True
         try:
             returned = self._programs[rank](rank)
         except GreenletExit:
-            return  # thrown by close(): this rank stays where it was
+            pass  # thrown by close(): this rank stays where it was
         except StepBudgetExceeded:
             self.exits[rank] = (RankState.BUDGET, None, None)
-            return
         # SystemExit too: a target's sys.exit() in one rank is that rank's
         # error, not the end of the run (KeyboardInterrupt still ends it).
         except (Exception, SystemExit) as error:
+            if not self._closing:
+                self.exits[rank] = (
+                    (RankState.BUDGET, None, None)
+                    if self._budget_stopped[rank]
+                    else (RankState.RAISED, None, describe_exception(error))
+                )
+        else:
             if self._closing:
-                return
-            if self._budget_stopped[rank]:
+                pass
+            elif self._budget_stopped[rank]:
+                # The program caught the budget stop and returned anyway.
                 self.exits[rank] = (RankState.BUDGET, None, None)
             else:
-                self.exits[rank] = (RankState.RAISED, None, describe_exception(error))
-            return
+                self.exits[rank] = (_FINISHED, returned, None)
         finally:
             self._ended[rank] = True
         if self._closing:
-            return
-        if self._budget_stopped[rank]:
-            # The program caught the budget stop and returned anyway.
-            self.exits[rank] = (RankState.BUDGET, None, None)
-        else:
-            self.exits[rank] = (_FINISHED, returned, None)
+            return self.hub
+        return self._next_greenlet()
 
     def close(self) -> None:
         """End every rank still blocked, letting its ``finally`` blocks run.
 
         Code run while closing cannot enter collectives, tick, or record: any
         attempt raises ``GreenletExit`` again, so the trace stays as the run
-        left it. Workers whose rank ended go back to the pool.
+        left it. Workers whose rank ended are idle again.
         """
         if self._closing:
             return
@@ -322,8 +326,6 @@ class Scheduler:
             # Every rank that started has ended (the usual case): no one to
             # end, and every worker is idle.
             self.current = -1
-            workers_pool.give_back(workers)
-            self._workers = []
             return
         for rank, worker in enumerate(workers):
             # A program that swallows GreenletExit gets a few more; after that
@@ -336,11 +338,3 @@ class Scheduler:
                 with contextlib.suppress(Exception):
                     worker.throw(GreenletExit)
         self.current = -1
-        workers_pool.give_back(
-            [
-                worker
-                for rank, worker in enumerate(self._workers)
-                if self._ended[rank] or not self._started[rank]
-            ]
-        )
-        self._workers = []

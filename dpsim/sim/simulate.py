@@ -59,15 +59,19 @@ def simulate(
     with runtime.installed(world):
         try:
             if on_quiescent is None:
-                scheduler.run()
+                scheduler.run(world.crew)
             else:
                 quiescence = Quiescence(world)
-                scheduler.run(lambda: on_quiescent(quiescence))
-            return result_of_run(scheduler, world)
+                scheduler.run(world.crew, lambda: on_quiescent(quiescence))
+            result = result_of_run(scheduler, world)
         finally:
             scheduler.close()
-            if scheduler.every_rank_ended():
-                give_back_world(world)
+    # Only after a run nothing escaped from: an exception that escapes a
+    # rank's program past the scheduler (KeyboardInterrupt) ends its worker,
+    # and the world's crew must be whole for the next run.
+    if scheduler.every_rank_ended():
+        give_back_world(world)
+    return result
 
 
 def per_rank_programs(

@@ -25,6 +25,7 @@ from dpsim.sim.collectives import SimCollectives, SimProcessGroup
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.scheduler import Scheduler
+from dpsim.sim.workers import Crew
 from dpsim.targets import runtime
 
 #: Process groups as :func:`resolve_groups` gives them: (name, members) pairs.
@@ -81,8 +82,9 @@ class SimWorld:
     """Virtual ranks' world: fake collectives plus per-rank DP coordinators.
 
     One serves many runs in turn (see :func:`take_world`): what a run
-    changes is reset before the next, while the groups, their handles and
-    the DP views, which depend only on the layout, are made once.
+    changes is reset before the next, while the groups, their handles, the
+    DP views and the crew of greenlets that run the ranks, which depend only
+    on the layout, are made once.
     """
 
     #: ``runtime.World.tick``: the running rank's scheduler's ``charge``, bound
@@ -106,6 +108,8 @@ class SimWorld:
         # some runs never ask on most ranks' behalf at all.
         self._dp_views: list[GroupCoordinatorView | None] = [None] * world_size
         self._dp_shared: dict[str, Any] | None = None
+        #: The ranks' greenlets, for ``Scheduler.run``.
+        self.crew = Crew(scheduler)
         self._reset_own(scheduler, skip_dp_coordination)
 
     def reset(self, scheduler: Scheduler, skip_dp_coordination: Sequence[bool]) -> None:
@@ -182,6 +186,9 @@ class SimWorld:
 
 #: Idle worlds kept per thread, at most one per layout.
 MAX_IDLE_WORLDS = 16
+#: ... and at most this many ranks among them: each rank's idle worker (see
+#: ``dpsim.sim.workers``) keeps its own stacks.
+MAX_IDLE_RANKS = 1024
 
 
 class _IdleWorlds(threading.local):
@@ -213,13 +220,21 @@ def give_back_world(world: SimWorld) -> None:
     """Keep ``world`` for the next run of its layout.
 
     Only for a world whose run has closed with every rank ended: a rank's
-    greenlet left suspended could otherwise wake into a later run.
+    greenlet left suspended could otherwise wake into a later run, and its
+    crew's workers must all be idle for the next.
     """
     # An idle world must not keep the last run's tensors alive.
     world.dist.release()
+    size = world.dist.world_size
+    if size > MAX_IDLE_RANKS:
+        return
     idle = _IDLE.by_layout
-    if len(idle) >= MAX_IDLE_WORLDS and world.layout not in idle:
-        idle.pop(next(iter(idle)))
+    idle.pop(world.layout, None)  # a nested run's, given back meanwhile
+    while idle and (
+        len(idle) >= MAX_IDLE_WORLDS
+        or size + sum(kept.dist.world_size for kept in idle.values()) > MAX_IDLE_RANKS
+    ):
+        idle.pop(next(iter(idle)))  # the longest idle
     idle[world.layout] = world
 
 
