@@ -10,6 +10,7 @@ draws and repeats of an earlier case are not counted as cases.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from random import Random
 from typing import Any
 
@@ -263,6 +264,57 @@ def test_a_draw_starting_with_replayed_choices_is_the_one_hypothesis_replays() -
     value, choices, _ = again
     assert value[0] == first[0][0] and value[1] != first[0][1]
     assert replayed(headed(), choices) == value
+
+
+@dataclass(frozen=True)
+class Head:
+    sizes: tuple[int, ...]
+    mode: str
+
+
+HEADS = st.builds(
+    Head, st.lists(st.integers(0, 99), max_size=5).map(tuple), st.sampled_from("ab")
+)
+
+
+@st.composite
+def frozen_head(draw: st.DrawFn) -> tuple[Head, int]:
+    return draw(HEADS), draw(st.integers(0, 10**9))
+
+
+@st.composite
+def list_head(draw: st.DrawFn) -> tuple[list[int], int]:
+    return draw(st.lists(st.integers(0, 99), max_size=5)), draw(st.integers(0, 9))
+
+
+def test_a_replayed_immutable_first_part_is_handed_back_not_drawn_again() -> None:
+    strategy = frozen_head()
+    first = draw(strategy, Random(0))
+    assert first is not None and first[2].first_part is not None
+    head = first[1][: first[2].first_part]
+    heads = []
+    for seed in range(1, 4):
+        case = draw(strategy, Random(seed), replay=head)
+        assert case is not None
+        value, choices, data = case
+        assert choices[: len(head)] == head and data.first_part == len(head)
+        assert replayed(strategy, choices) == value
+        heads.append(value[0])
+    # The same object each time after the first replay: not drawn again.
+    assert heads[1] is heads[2] == first[0][0]
+
+
+def test_a_replayed_mutable_first_part_is_drawn_anew_each_time() -> None:
+    # A case's test may change a list it was given; the next case must not
+    # see that.
+    strategy = list_head()
+    first = draw(strategy, Random(0))
+    assert first is not None and first[2].first_part is not None
+    head = first[1][: first[2].first_part]
+    again = [draw(strategy, Random(seed), replay=head) for seed in range(1, 3)]
+    assert again[0] is not None and again[1] is not None
+    assert again[0][0][0] == again[1][0][0] == first[0][0]
+    assert again[0][0][0] is not again[1][0][0]
 
 
 def test_some_cases_start_with_an_earlier_cases_first_part() -> None:
