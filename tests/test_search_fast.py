@@ -21,9 +21,15 @@ from hypothesis.database import InMemoryExampleDatabase
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
+from dpsim.capture.once import ints
 from dpsim.search import fast
-from dpsim.search.draw import SAMPLED_FROM, context, draw
-from dpsim.search.internals import ConjectureData, Status, StopTest
+from dpsim.search.draw import INTEGERS, SAMPLED_FROM, context, draw
+from dpsim.search.internals import (
+    ConjectureData,
+    Status,
+    StopTest,
+    unwrap_strategies,
+)
 
 
 def config(examples: int = 200, database: Any = None, shrink: bool = True) -> Any:
@@ -100,11 +106,14 @@ def test_a_draw_past_hypothesis_buffer_is_rejected_as_it_would_overrun() -> None
     assert data.status is Status.OVERRUN
 
 
-def test_a_plain_sampled_from_has_nothing_to_validate_and_is_never_empty() -> None:
-    # What lets a draw skip validating one (draw.py): Hypothesis' defaults,
+def test_sampled_from_and_integers_have_nothing_to_validate_and_are_never_empty() -> (
+    None
+):
+    # What lets a draw skip validating them (draw.py): Hypothesis' defaults,
     # which validate nothing and call a strategy not empty.
-    assert SAMPLED_FROM.do_validate is SearchStrategy.do_validate
-    assert SAMPLED_FROM.calc_is_empty is SearchStrategy.calc_is_empty
+    for kind in (SAMPLED_FROM, INTEGERS):
+        assert kind.do_validate is SearchStrategy.do_validate
+        assert kind.calc_is_empty is SearchStrategy.calc_is_empty
     for strategy in (
         st.sampled_from([3, 1]),
         st.sampled_from([3, 1]).map(str),
@@ -112,6 +121,9 @@ def test_a_plain_sampled_from_has_nothing_to_validate_and_is_never_empty() -> No
     ):
         assert type(strategy) is SAMPLED_FROM
         assert not strategy.is_empty
+    assert type(unwrap_strategies(st.integers(3, 3))) is INTEGERS
+    assert type(ints(3, 4)) is INTEGERS
+    assert not ints(3, 4).is_empty
 
 
 def test_a_sampled_from_whose_filter_rejects_everything_is_rejected() -> None:

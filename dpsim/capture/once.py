@@ -13,8 +13,8 @@ how it shrinks, is unchanged.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, cast
 
 from hypothesis import strategies as st
 
@@ -24,8 +24,34 @@ BOOLEANS: st.SearchStrategy[bool] = st.booleans()
 
 @functools.lru_cache(maxsize=8192)
 def ints(low: int, high: int) -> st.SearchStrategy[int]:
-    """``st.integers(low, high)``, one object per bounds."""
+    """``st.integers(low, high)``, one object per bounds.
+
+    The object is the one ``st.integers`` wraps in its lazy strategy, made
+    directly: token and request bounds are known only mid-draw, so a search
+    keeps asking for new ones (about one per case at 8 ranks, more under the
+    contract profile), and ``st.integers`` files each new one in Hypothesis'
+    own strategy cache, whose rebalancing made it cost as much as ten draws.
+    Hypothesis draws, labels and spans a lazy strategy as the one it wraps,
+    so the choices and the cases are the same. Bounds it would refuse (not
+    two ints in order) still go to ``st.integers``, which refuses them.
+    """
+    if type(low) is int and type(high) is int and low <= high:
+        return _INTEGERS(low, high)
     return st.integers(low, high)
+
+
+def _integers_class() -> Callable[[int, int], st.SearchStrategy[int]]:
+    built = st.integers(0, 1)
+    # The lazy wrapper every strategy function returns holds it here; a
+    # Hypothesis that builds it otherwise keeps st.integers itself.
+    inner = getattr(built, "wrapped_strategy", built)
+    kind = cast(Callable[[int, int], st.SearchStrategy[int]], type(inner))
+    if repr(kind(0, 1)) != repr(inner):  # pragma: no cover - other Hypothesis
+        return st.integers
+    return kind
+
+
+_INTEGERS = _integers_class()
 
 
 def sampled(elements: tuple[Hashable, ...]) -> st.SearchStrategy[Any]:

@@ -18,7 +18,7 @@ from random import Random
 from typing import Any, NoReturn, TypeVar
 
 from hypothesis.errors import UnsatisfiedAssumption
-from hypothesis.strategies import SearchStrategy, sampled_from
+from hypothesis.strategies import SearchStrategy, integers, sampled_from
 
 from dpsim.search.internals import (
     BUFFER_SIZE,
@@ -166,9 +166,12 @@ def _immutable(value: Any) -> bool:
     return False
 
 
-#: The class of a plain ``sampled_from`` (mapped or filtered or not).
-#: tests/test_search_fast.py checks it validates nothing and is never empty.
+#: The classes of a plain ``sampled_from`` (mapped or filtered or not) and
+#: of what ``integers`` wraps: tests/test_search_fast.py checks that both
+#: validate nothing and are never empty.
 SAMPLED_FROM = type(sampled_from((False, True)))
+INTEGERS = type(unwrap_strategies(integers(0, 1)))
+_PLAIN = frozenset((SAMPLED_FROM, INTEGERS))
 
 #: Strategies already validated and found not empty, by id, each with the
 #: strategy it unwraps to. Hypothesis keeps the same facts on the strategy,
@@ -185,13 +188,14 @@ _READY_MAX = 4096
 def _ready(strategy: SearchStrategy[Any], data: FastData) -> SearchStrategy[Any]:
     """``strategy`` validated (what Hypothesis' own draw does first), and
     what it unwraps to; an empty strategy ends the draw as invalid."""
-    if type(strategy) is SAMPLED_FROM:
-        # Nothing to validate, and never empty (its constructor refuses an
-        # empty sequence; a filter that rejects every element ends the draw
-        # itself). A step's palette is a new one of these every time, as is
-        # the branch chooser of every new one_of, and working both facts out
-        # through Hypothesis' recursive-property machinery cost about four
-        # of its draws.
+    if type(strategy) in _PLAIN:
+        # Nothing to validate, and never empty (a sampled_from's constructor
+        # refuses an empty sequence, and a filter that rejects every element
+        # ends the draw itself; integers' bounds are checked when built). A
+        # step's palette is a new sampled_from every time, as is the branch
+        # chooser of every new one_of, and mid-draw integer bounds give new
+        # integers (dpsim.capture.once): working both facts out through
+        # Hypothesis' recursive-property machinery cost about four draws.
         target: SearchStrategy[Any] = strategy
     else:
         strategy.validate()
