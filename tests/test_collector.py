@@ -24,9 +24,9 @@ def _cycle() -> weakref.ref[_Node]:
 
 @pytest.fixture(autouse=True)
 def _unfrozen() -> Iterator[None]:
-    # A heap frozen by anything else in this process would hide what these
-    # tests look at; none is expected, and none must be left behind.
-    assert gc.get_freeze_count() == 0
+    # A heap frozen earlier in this process (a runner-lane test's
+    # heap.settle) would hide what these tests look at; none is left behind.
+    gc.unfreeze()
     yield
     gc.unfreeze()
 
