@@ -556,8 +556,11 @@ def _bounds(query_len: int, least: int, most: int) -> st.SearchStrategy[int | No
     # decode graph (captured for bounds up to it) stops serving a rank:
     # ranks on both sides of it are where the agreed bound matters.
     edges = sorted(
-        {value for value in (query_len - 1, query_len, query_len + 1, least)}
-        & set(range(least, most + 1))
+        {
+            value
+            for value in (query_len - 1, query_len, query_len + 1, least)
+            if least <= value <= most
+        }
     )
     return _bounds_among(tuple(edges), least, most)
 
@@ -669,4 +672,4 @@ def _split(total: int, parts: int) -> list[int]:
     """``total`` tokens over ``parts`` requests, the remainder on the last ones."""
     parts = max(1, min(parts, total))
     base, extra = divmod(total, parts)
-    return [base + (index >= parts - extra) for index in range(parts)]
+    return [base] * (parts - extra) + [base + 1] * extra
