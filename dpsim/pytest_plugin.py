@@ -55,6 +55,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import current_reporter
 
 from dpsim import allowances
+from dpsim.collector import frozen_heap
 from dpsim.coverage import suite as coverage_suite
 from dpsim.errors import UsageError
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
@@ -266,7 +267,9 @@ def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
     code, message = 0, None
     measured: Any = None
     try:
-        with prints_to_stderr():
+        # The child searches like a check: its starting heap out of the
+        # collector's full collections (dpsim.collector).
+        with prints_to_stderr(), frozen_heap():
             if _current().coverage and suite_options().lane == "sync":
                 target = current_suite().target
                 with coverage_suite.measuring(target) as measurement:

@@ -80,3 +80,50 @@ def test_a_check_searches_inside_the_frozen_heap(
     run_check(load_target("0.29.0"), CheckOptions(scenarios=("step",), examples=3))
     assert seen and all(seen)
     assert gc.get_freeze_count() == 0
+
+
+def test_a_fuzz_round_searches_inside_the_frozen_heap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from queue import Queue
+    from threading import Event
+    from types import SimpleNamespace
+
+    import dpsim.suite.build as build
+    from dpsim.fuzz import worker
+
+    seen: list[int] = []
+    monkeypatch.setattr(
+        build,
+        "check_drawn_case",
+        lambda *args, **kwargs: seen.append(gc.get_freeze_count()),
+    )
+    plan = SimpleNamespace(
+        batch=3,
+        index=0,
+        suite=SimpleNamespace(database_key=lambda scenario: b"collector-test"),
+    )
+    queue: Queue[object] = Queue()
+    suite = SimpleNamespace(lane="sync")
+    outcome = worker._round(plan, suite, None, "step", queue, Event())  # type: ignore[arg-type]
+    assert outcome is None
+    assert seen and all(seen)
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_plugins_child_runs_a_suite_test_inside_the_frozen_heap(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from types import SimpleNamespace
+
+    import dpsim.pytest_plugin as plugin
+
+    seen: list[int] = []
+    monkeypatch.setattr(plugin, "_current", lambda: SimpleNamespace(coverage=False))
+    code = plugin._run_suite_test(
+        lambda: seen.append(gc.get_freeze_count()),
+        SimpleNamespace(),  # type: ignore[arg-type]
+    )
+    assert code == 0
+    assert seen and all(seen)
+    assert gc.get_freeze_count() == 0
