@@ -139,8 +139,9 @@ def token_counts(policy: CapturePolicy) -> st.SearchStrategy[int]:
 
 
 # The batch strategies below are cached by the values they are built from,
-# not per policy: a search draws a new policy for about one case in three,
-# and a strategy object's first draw costs several draws (see
+# not per policy: a search keeps drawing new policies (Hypothesis' engine
+# for about one case in three), and a strategy object's first draw costs
+# several draws (see
 # dpsim.capture.once), while many policies share a table, an anchor or a
 # request bound. Where a one_of is still new (a new anchor or bound), its
 # branches come from caches, so only the one_of itself is worked out anew.
