@@ -579,3 +579,38 @@ def test_encoder_requests_are_refused_where_the_sync_cannot_take_them() -> None:
         load_target("0.13.0", runner="v1").api.unsupported_input(encoder_prefill)
         is None
     )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.12.0", "0.20.0"])
+def test_the_caller_profile_draws_lora_tables_before_the_v2_lora_rule(
+    version: str,
+) -> None:
+    """Before 0.24 a release has no V2 ``get_lora_capture_cases``; the V1
+    dispatcher's own rule stands in, so the caller profile still runs LoRA
+    deployments (it drew none at all, and the dispatcher's LoRA paths went
+    unrun), and each table it draws is one the release's dispatcher builds."""
+    from dpsim.scenarios.generate import cases
+    from dpsim.search.fast import Tally, search
+
+    target = load_target(version, runner="v1")
+    seen: list[Case] = []
+    search(
+        cases(target, scenario="step", profile="caller", ranks=(2, 4)),
+        lambda case: seen.append(case) or False,
+        200,
+        0,
+        Tally(),
+    )
+    with_lora = [
+        case for case in seen if case.policy.lora_capture_cases not in (None, (0,))
+    ]
+    assert len(with_lora) > len(seen) // 5
+    assert any(
+        batch.num_active_loras
+        for case in with_lora
+        for step in case.steps
+        for batch in step
+    )
+    for case in with_lora[:20]:
+        setting_for(target, case)  # the release's dispatcher would refuse others

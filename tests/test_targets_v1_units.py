@@ -4,6 +4,8 @@ of a rank's batch to the caller's arguments, LoRA settings, refusals."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -12,7 +14,7 @@ from dpsim.records.case import RankBatch
 from dpsim.targets import cache as cache_module
 from dpsim.targets import load_target
 from dpsim.targets.v1.api import request_counts
-from dpsim.targets.v1.dispatcher import lora_settings
+from dpsim.targets.v1.dispatcher import lora_capture_cases, lora_settings
 from dpsim.targets.v1.strict import StrictView, view_of_paths
 
 
@@ -97,3 +99,52 @@ def test_a_release_no_runner_supports_is_refused_before_any_fetch(
     with pytest.raises(TargetError, match="refused without fetching it"):
         load_target(version, runner=runner)
     assert not (tmp_path / "cache").exists()
+
+
+class _DispatcherWithItsOwnRule:
+    """Reads what 0.16+'s ``_get_lora_cases`` reads, and answers from it."""
+
+    def _get_lora_cases(self) -> list[int]:
+        config = self.vllm_config.lora_config  # type: ignore[attr-defined]
+        counts = [1, 2, config.max_loras + 1] if self.specialize_lora_count else []  # type: ignore[attr-defined]
+        counts = counts or [config.max_loras + 1]
+        specialize = self.compilation_config.cudagraph_specialize_lora  # type: ignore[attr-defined]
+        return [0, *counts] if specialize else counts
+
+
+class _DispatcherWithTheRuleInline:
+    pass
+
+
+def _lora(max_loras: int, active: bool) -> Any:
+    return SimpleNamespace(max_loras=max_loras, specialize_active_lora=active)
+
+
+def _graphs(specialize: bool) -> Any:
+    return SimpleNamespace(cudagraph_specialize_lora=specialize)
+
+
+def test_v1_lora_cases_come_from_the_dispatchers_own_rule_where_it_has_one() -> None:
+    cases = lora_capture_cases(_DispatcherWithItsOwnRule)
+    assert cases(_lora(2, True), _graphs(True)) == [0, 1, 2, 3]
+    assert cases(_lora(2, False), _graphs(False)) == [3]
+    # What the caller profile draws reads back as the configuration it came from.
+    assert lora_settings(tuple(cases(_lora(2, True), _graphs(True)))) == (2, True, True)
+
+
+def test_v1_lora_cases_before_0_16_are_lora_or_not_in_lora_settings_encoding() -> None:
+    cases = lora_capture_cases(_DispatcherWithTheRuleInline)
+    assert cases(_lora(4, True), _graphs(True)) == [0, 5]
+    assert cases(_lora(4, False), _graphs(False)) == [5]
+    assert lora_settings((0, 5)) == (4, True, False)
+
+
+def test_a_v1_lora_rule_reading_anything_else_is_refused_naming_it() -> None:
+    class Newer:
+        def _get_lora_cases(self) -> list[int]:
+            return [self.vllm_config.lora_config.max_cpu_loras]  # type: ignore[attr-defined]
+
+    with pytest.raises(
+        AttributeError, match=r"vllm_config\.lora_config\.max_cpu_loras"
+    ):
+        lora_capture_cases(Newer)(_lora(2, False), _graphs(False))

@@ -50,7 +50,7 @@ from dpsim.records.case import RankBatch
 from dpsim.records.policy import Capabilities, CapturePolicy
 from dpsim.targets.buildable import BuildRules, rules_for
 from dpsim.targets.load import Target
-from dpsim.targets.v1.dispatcher import lora_settings
+from dpsim.targets.v1.dispatcher import lora_capture_cases, lora_settings
 
 from .generate import (
     _PALETTE_SIZES,
@@ -130,7 +130,7 @@ class V1Generation:
             capabilities=Capabilities(
                 has_lora=True, has_varlen_decode=False, has_microbatching=True
             ),
-            rules=rules_for(target.package_dir, compilation),
+            rules=_v1_rules(rules_for(target.package_dir, compilation), target),
             any_ubatch_count="num_ubatches" in sync,
         )
 
@@ -165,6 +165,17 @@ class V1Generation:
         if profile == "caller":
             return caller_batches(self.model, policy, scenario)
         return contract_batches(self.model, policy, scenario)
+
+
+def _v1_rules(rules: BuildRules, target: Target) -> BuildRules:
+    """``rules`` with the V1 dispatcher's LoRA cases where the release has no
+    V2 rule for them (before 0.24): without one, the caller profile drew no
+    LoRA table at all, and the dispatcher's LoRA paths went unrun."""
+    if rules.lora_capture_cases_fn is not None:
+        return rules
+    return replace(
+        rules, lora_capture_cases_fn=lora_capture_cases(target.manager_class)
+    )
 
 
 def _version_key(version: str | None) -> tuple[int, int] | None:

@@ -37,6 +37,45 @@ def lora_settings(cases: tuple[int, ...] | None) -> tuple[int, bool, bool] | Non
     return max(counts) - 1, 0 in cases, len(counts) > 1
 
 
+def lora_capture_cases(dispatcher_class: type) -> Callable[[Any, Any], list[int]]:
+    """The LoRA cases this release's V1 dispatcher captures for a LoRA
+    configuration, as ``get_lora_capture_cases(lora_config,
+    compilation_config)`` answers for V2 (:class:`~dpsim.targets.buildable.
+    BuildRules`), so that the caller profile draws the LoRA tables a V1
+    deployment builds where the release has no V2 rule (before 0.24).
+
+    From 0.16 the dispatcher's own ``_get_lora_cases`` answers, run on a strict
+    view holding the configuration (and ``specialize_lora_count``, which its
+    ``__init__`` copies from ``specialize_active_lora``). Before, the rule is
+    inline in ``initialize_cudagraph_keys`` and graphs know only whether LoRA
+    is active: the LoRA graphs always, the no-LoRA ones when
+    ``cudagraph_specialize_lora``; given here in :func:`lora_settings`'
+    encoding (``max_loras + 1`` for "LoRA active").
+    """
+    own_rule = dispatcher_class.__dict__.get("_get_lora_cases")
+
+    def cases(lora: Any, compilation: Any) -> list[int]:
+        specialize_graphs = bool(compilation.cudagraph_specialize_lora)
+        if own_rule is None:
+            return (
+                [0, lora.max_loras + 1] if specialize_graphs else [lora.max_loras + 1]
+            )
+        view = view_of_paths(
+            OWNER,
+            {
+                ("vllm_config", "lora_config", "max_loras"): lora.max_loras,
+                ("vllm_config", "lora_config", "specialize_active_lora"): (
+                    lora.specialize_active_lora
+                ),
+                ("compilation_config", "cudagraph_specialize_lora"): specialize_graphs,
+                ("specialize_lora_count",): lora.specialize_active_lora,
+            },
+        )
+        return [int(case) for case in own_rule(view)]
+
+    return cases
+
+
 #: When a release rounds its capture sizes to multiples of the decode query
 #: length before capture (``adjust_cudagraph_sizes_for_spec_decode``): never,
 #: for a FULL decode mode (0.20+), or only for one with a separate decode
