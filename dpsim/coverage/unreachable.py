@@ -188,7 +188,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _DEVICE_GROUP,
     ),
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1,
         "coordinate_batch_across_dp",
         "if parallel_config.data_parallel_size == 1:",
@@ -196,7 +196,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _CALLER_GUARDS_DP,
     ),
     *_v1_lines(
-        ">=0.20",
+        ">=0.18",
         "coordinate_batch_across_dp",
         ("return False, None, cudagraph_mode",),
         _CALLER_GUARDS_DP,
@@ -217,7 +217,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
     ),
     # -- V1: the caller method --------------------------------------------------
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_CALLER,
         _V1_METHOD,
         "if self.vllm_config.parallel_config.data_parallel_size > 1:",
@@ -225,7 +225,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _ONE_RANK,
     ),
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_CALLER,
         _V1_METHOD,
         "if num_tokens_across_dp is not None:",
@@ -233,7 +233,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _ALWAYS_COUNTS,
     ),
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_CALLER,
         _V1_METHOD,
         "if self.vllm_config.observability_config.cudagraph_metrics:",
@@ -241,7 +241,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_METRICS,
     ),
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_CALLER,
         _V1_METHOD,
         "cudagraph_stats = CUDAGraphStat(",
@@ -250,7 +250,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
     ),
     # -- V1: the dispatcher ------------------------------------------------------
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_DISPATCHER,
         "CudagraphDispatcher.dispatch",
         "if idx < len(self.captured_lora_counts):",
@@ -258,7 +258,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _LORA_SLOTS,
     ),
     Unreachable(
-        ">=0.20",
+        ">=0.18",
         _V1_DISPATCHER,
         "CudagraphDispatcher.dispatch",
         "if CUDAGraphMode.PIECEWISE in allowed_modes:",
@@ -267,7 +267,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
     ),
     # -- V1: sequence parallelism (the caller's padding, 0.20-0.32) -------------
     Unreachable(
-        ">=0.20,<0.33",
+        ">=0.18,<0.33",
         _V1_CALLER,
         "GPUModelRunner._pad_for_sequence_parallelism",
         "if self.compilation_config.pass_config.enable_sp and tp_size > 1:",
@@ -275,7 +275,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_SP,
     ),
     Unreachable(
-        ">=0.20,<0.33",
+        ">=0.18,<0.33",
         _V1_CALLER,
         "GPUModelRunner._pad_for_sequence_parallelism",
         "return round_up(num_scheduled_tokens, tp_size)",
@@ -283,12 +283,12 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_SP,
     ),
     Unreachable(
-        ">=0.20,<0.33",
+        ">=0.18,<0.33",
         _V1_CALLER,
         _V1_METHOD,
         "if self.compilation_config.pass_config.enable_sp:",
         "assert (",
         _NO_SP,
     ),
-    Unreachable(">=0.20,<0.33", _V1_CALLER, _V1_METHOD, "assert (", None, _NO_SP),
+    Unreachable(">=0.18,<0.33", _V1_CALLER, _V1_METHOD, "assert (", None, _NO_SP),
 )
