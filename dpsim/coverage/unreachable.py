@@ -187,19 +187,25 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         "logger.info_once(",
         _DEVICE_GROUP,
     ),
-    Unreachable(
-        ">=0.18",
-        _V1,
-        "coordinate_batch_across_dp",
-        "if parallel_config.data_parallel_size == 1:",
-        "return False, None, cudagraph_mode",
-        _CALLER_GUARDS_DP,
-    ),
-    *_v1_lines(
-        ">=0.18",
-        "coordinate_batch_across_dp",
-        ("return False, None, cudagraph_mode",),
-        _CALLER_GUARDS_DP,
+    *(
+        mark
+        for releases, early_exit in (
+            (">=0.12,<0.13", "return None, None"),
+            (">=0.13", "return False, None, cudagraph_mode"),
+        )
+        for mark in (
+            Unreachable(
+                releases,
+                _V1,
+                "coordinate_batch_across_dp",
+                "if parallel_config.data_parallel_size == 1:",
+                early_exit,
+                _CALLER_GUARDS_DP,
+            ),
+            *_v1_lines(
+                releases, "coordinate_batch_across_dp", (early_exit,), _CALLER_GUARDS_DP
+            ),
+        )
     ),
     Unreachable(
         ">=0.11",
@@ -216,24 +222,24 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _CALLER_PADS,
     ),
     # -- V1: the caller method --------------------------------------------------
-    Unreachable(
-        ">=0.18",
-        _V1_CALLER,
-        _V1_METHOD,
-        "if self.vllm_config.parallel_config.data_parallel_size > 1:",
-        "cudagraph_stats = None",
-        _ONE_RANK,
+    # Before 0.13 the method returns right after the DP block (no stats).
+    *(
+        Unreachable(releases, _V1_CALLER, _V1_METHOD, source, after_dp, reason)
+        for releases, after_dp in (
+            (
+                ">=0.12,<0.13",
+                "return cudagraph_mode, batch_descriptor, ubatch_slices, "
+                "num_tokens_across_dp",
+            ),
+            (">=0.13", "cudagraph_stats = None"),
+        )
+        for source, reason in (
+            ("if self.vllm_config.parallel_config.data_parallel_size > 1:", _ONE_RANK),
+            ("if num_tokens_across_dp is not None:", _ALWAYS_COUNTS),
+        )
     ),
     Unreachable(
-        ">=0.18",
-        _V1_CALLER,
-        _V1_METHOD,
-        "if num_tokens_across_dp is not None:",
-        "cudagraph_stats = None",
-        _ALWAYS_COUNTS,
-    ),
-    Unreachable(
-        ">=0.18",
+        ">=0.13",
         _V1_CALLER,
         _V1_METHOD,
         "if self.vllm_config.observability_config.cudagraph_metrics:",
@@ -241,7 +247,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_METRICS,
     ),
     Unreachable(
-        ">=0.18",
+        ">=0.13",
         _V1_CALLER,
         _V1_METHOD,
         "cudagraph_stats = CUDAGraphStat(",
@@ -249,13 +255,23 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_METRICS,
     ),
     # -- V1: the dispatcher ------------------------------------------------------
-    Unreachable(
-        ">=0.18",
-        _V1_DISPATCHER,
-        "CudagraphDispatcher.dispatch",
-        "if idx < len(self.captured_lora_counts):",
-        "normalized_uniform = uniform_decode and self.cudagraph_mode.separate_routine()",
-        _LORA_SLOTS,
+    *(
+        Unreachable(
+            releases,
+            _V1_DISPATCHER,
+            "CudagraphDispatcher.dispatch",
+            "if idx < len(self.captured_lora_counts):",
+            after_lora,
+            _LORA_SLOTS,
+        )
+        for releases, after_lora in (
+            (">=0.16,<0.18", "batch_desc = self._create_padded_batch_descriptor("),
+            (
+                ">=0.18",
+                "normalized_uniform = uniform_decode and "
+                "self.cudagraph_mode.separate_routine()",
+            ),
+        )
     ),
     Unreachable(
         ">=0.18",
@@ -265,9 +281,9 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         "assert CUDAGraphMode.NONE in allowed_modes, (",
         _FULL_EVERYWHERE,
     ),
-    # -- V1: sequence parallelism (the caller's padding, 0.20-0.32) -------------
+    # -- V1: sequence parallelism (the caller's padding, 0.12-0.32) -------------
     Unreachable(
-        ">=0.18,<0.33",
+        ">=0.12,<0.33",
         _V1_CALLER,
         "GPUModelRunner._pad_for_sequence_parallelism",
         "if self.compilation_config.pass_config.enable_sp and tp_size > 1:",
@@ -275,7 +291,7 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_SP,
     ),
     Unreachable(
-        ">=0.18,<0.33",
+        ">=0.12,<0.33",
         _V1_CALLER,
         "GPUModelRunner._pad_for_sequence_parallelism",
         "return round_up(num_scheduled_tokens, tp_size)",
@@ -283,12 +299,12 @@ UNREACHABLE: tuple[Unreachable, ...] = (
         _NO_SP,
     ),
     Unreachable(
-        ">=0.18,<0.33",
+        ">=0.14,<0.33",
         _V1_CALLER,
         _V1_METHOD,
         "if self.compilation_config.pass_config.enable_sp:",
         "assert (",
         _NO_SP,
     ),
-    Unreachable(">=0.18,<0.33", _V1_CALLER, _V1_METHOD, "assert (", None, _NO_SP),
+    Unreachable(">=0.14,<0.33", _V1_CALLER, _V1_METHOD, "assert (", None, _NO_SP),
 )
