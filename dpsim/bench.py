@@ -11,7 +11,8 @@
            costs in each part: generation (drawing it, and Hypothesis' engine
            under ``--engine hypothesis``), simulation (the target's run on the
            virtual ranks) and judging (the properties over the trace); a row
-           per engine.
+           per engine, each searched in a fresh process (see
+           :func:`bench_check_fresh`).
 ``corpus`` seconds to the first counterexample for each faulty target of the
            corpus, and apart from it the seconds with shrinking.
 ``startup`` seconds from ``dpsim check`` starting to the end of a one-case
@@ -28,13 +29,16 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from multiprocessing.connection import Connection
 from typing import Any
 
+from dpsim import processes
 from dpsim.check import CheckOptions, run_check
 from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.sim import measure_overhead
-from dpsim.targets.load import Target
+from dpsim.targets.load import Target, load_spec
+from dpsim.targets.spec import TargetSpec
 
 #: A realistic table: vLLM's default-like sizes up to 512, FULL and PIECEWISE.
 BENCH_POLICY = CapturePolicy(
@@ -123,6 +127,47 @@ def bench_check(
         "end_to_end_cases_per_cpu_s": cases / cpu_seconds,
         "verdict": "pass" if report.passed else "fail",
     }
+
+
+#: Cases per ``check`` row: about what a default ``dpsim check`` draws in its
+#: first four scenario runs (300 each), so a row's warm-up weighs in it as it
+#: does in a user's check.
+CHECK_CASES = 1_000
+
+
+def bench_check_fresh(
+    spec: TargetSpec, ranks: int, examples: int, engine: str = "hypothesis"
+) -> dict[str, Any]:
+    """:func:`bench_check` in a spawned child that loads ``spec`` itself.
+
+    A search leaves caches behind (strategies kept by the values they were
+    built from, managers by policy, warmed allocators), so a row measured
+    after others in one process read up to a third faster than the same row
+    alone: the rows depended on their order. In a child of its own, each row
+    pays its own warm-up, as a ``dpsim check`` does, and no row borrows from
+    another. The target's load is not timed (``startup`` measures that).
+    """
+    receiver, sender = processes.SPAWN.Pipe(duplex=False)
+    child = processes.start(_send_check, sender, spec, ranks, examples, engine)
+    sender.close()
+    try:
+        try:
+            row: dict[str, Any] = receiver.recv()
+        except EOFError:
+            child.join()
+            raise RuntimeError(
+                f"the check row's process ended with exit status {child.exitcode}"
+            ) from None
+    finally:
+        receiver.close()
+        processes.reap([child], patience=5.0)
+    return row
+
+
+def _send_check(
+    sender: Connection, spec: TargetSpec, ranks: int, examples: int, engine: str
+) -> None:
+    sender.send(bench_check(load_spec(spec), ranks, examples, engine))
 
 
 def corpus_entries(

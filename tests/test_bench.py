@@ -83,3 +83,25 @@ def test_a_release_without_v2s_sync_measures_v1_alone(
     assert [row["runner"] for row in rows] == ["v1"]
     assert main([*common, "--measure", "sim", "--runner", "v2"]) == 2
     assert "older than dpsim supports with the V2 runner" in capsys.readouterr().err
+
+
+def test_a_check_row_searches_in_a_process_of_its_own(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A search in this process would meet the patched function: the row must
+    # come from a fresh process, where no earlier row warmed the caches.
+    def in_this_process(*_: object) -> None:
+        raise AssertionError("the check row ran in the bench's own process")
+
+    monkeypatch.setattr(bench, "bench_check", in_this_process)
+    common = ["bench", "--vllm", "0.33.0", "--ranks", "2", "--runner", "v2"]
+    argv = [*common, "--measure", "check", "--engine", "fast", "--cases", "5"]
+    assert main([*argv, "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["measure"], row["engine"], row["ranks"]) == ("check", "fast", 2)
+    assert row["cases"] >= 5 and row["end_to_end_cases_per_s"] > 0
+
+
+def test_check_rows_refuse_no_cases(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--vllm", "0.33.0", "--cases", "0"]) == 2
+    assert "--cases must be at least 1" in capsys.readouterr().err

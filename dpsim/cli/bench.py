@@ -21,7 +21,9 @@ measures:
   sim     simulated rounds/s of the real sync vs. the bare calls (overhead)
   check   cases per second end to end, and per case the microseconds of
           generation, simulation and judging; a row per --engine (default
-          both: Hypothesis' engine, and the fast one)
+          both: Hypothesis' engine, and the fast one), each a search of
+          --cases cases in a fresh process (its warm-up included, as in a
+          dpsim check; the target's load and imports are startup's)
   corpus  seconds to the first counterexample on each faulty target, and
           with shrinking (under --engine, default hypothesis)
   startup seconds from starting dpsim check to the end of its first case
@@ -71,6 +73,14 @@ def register(commands: Any) -> None:
         choices=(*MEASURES, RUNNER_MEASURE),
         help="what to measure (repeatable; runner only when named)",
     )
+    parser.add_argument(
+        "--cases",
+        type=int,
+        default=bench.CHECK_CASES,
+        metavar="N",
+        help=f"cases per check row (default {bench.CHECK_CASES:,}); each row "
+        "searches in a fresh process, so none borrows another's warm caches",
+    )
     add_engine_argument(parser, repeatable=True)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.set_defaults(run=run)
@@ -80,6 +90,8 @@ def run(arguments: argparse.Namespace) -> int:
     measures = arguments.measure or (
         ["sim"] if arguments.ranks and arguments.rounds else list(MEASURES)
     )
+    if arguments.cases < 1:
+        raise UsageError("--cases must be at least 1")
     if arguments.ranks and any(ranks < 1 for ranks in arguments.ranks):
         raise UsageError("--ranks must be at least 1")
     if arguments.ranks and max(arguments.ranks) > MAX_RANKS:
@@ -104,7 +116,11 @@ def run(arguments: argparse.Namespace) -> int:
         for ranks in arguments.ranks or (4, 8):
             for target in targets:
                 for engine in arguments.engine or ENGINES:
-                    results.append(bench.bench_check(target, ranks, 400, engine))
+                    results.append(
+                        bench.bench_check_fresh(
+                            target.spec, ranks, arguments.cases, engine
+                        )
+                    )
                     _emit(results[-1], arguments.json)
     if "corpus" in measures:
         # The corpus is long: the default engine only, unless others are named.
