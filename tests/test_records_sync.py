@@ -26,6 +26,7 @@ from dpsim.records.sync import (
     recorded_syncs,
     sync_records,
 )
+from dpsim.records.trace import Event
 
 BATCH = RankBatch(num_reqs=3, num_tokens=3, uniform_token_count=1, kind="decode")
 DESCRIPTOR = Descriptor(CudagraphMode.FULL, 4, 4, uniform_token_count=1)
@@ -124,18 +125,13 @@ def test_an_expect_record_keeps_the_oracles_json_and_refuses_others() -> None:
             ExpectRecord.from_json({"phase": "step 0", "choices": [choice]})
 
 
-class _Event:
-    def __init__(self, kind: str, after: int, payload: dict[str, Any]) -> None:
-        self.kind, self.after_collectives, self.payload = kind, after, payload
-
-
 def test_a_ranks_events_give_its_syncs_and_oracle_in_order_and_nothing_else() -> None:
     expect = ExpectRecord("step 0", (Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),))
     events = [
-        _Event(EXPECT_EVENT, 0, expect.to_json()),
-        _Event(SYNC_EVENT, 0, RETURNED.to_json()),
-        _Event("note", 1, {"anything": True}),
-        _Event(SYNC_EVENT, 2, RAISED.to_json()),
+        Event(EXPECT_EVENT, 0, expect.to_json()),
+        Event(SYNC_EVENT, 0, RETURNED.to_json()),
+        Event("note", 1, {"anything": True}),
+        Event(SYNC_EVENT, 2, RAISED.to_json()),
     ]
     assert list(recorded_syncs(events)) == [(0, RETURNED), (2, RAISED)]
     assert sync_records(events) == [RETURNED, RAISED]
@@ -155,25 +151,36 @@ def test_a_v1_agreement_carries_the_synced_mode_and_microbatching() -> None:
 
 def test_a_recorded_sync_reads_back_as_the_record_it_was_written_from() -> None:
     # The judge reads back the very record a rank wrote, not a parse of it,
-    # while the payload stays the JSON the trace always held.
+    # while the payload is the JSON the trace always held, written when read.
     expect = ExpectRecord("step 0", (Choice(CudagraphMode.FULL, 4, 1, 3, 1, None),))
-    written, oracle = RETURNED.to_event(), expect.to_event()
-    assert written == RETURNED.to_json() and oracle == expect.to_json()
-    assert json.dumps(written) == json.dumps(RETURNED.to_json())
-    events = [_Event(EXPECT_EVENT, 0, oracle), _Event(SYNC_EVENT, 1, written)]
+    events = [
+        Event.of(EXPECT_EVENT, 0, expect.to_event()),
+        Event.of(SYNC_EVENT, 1, RETURNED.to_event()),
+    ]
     assert sync_records(events)[0] is RETURNED
     assert next(expect_records(events)) is expect
+    assert "payload" not in events[1].__dict__  # not written for the judge
+    assert events == [
+        Event(EXPECT_EVENT, 0, expect.to_json()),
+        Event(SYNC_EVENT, 1, RETURNED.to_json()),
+    ]
+    assert type(events[1].payload) is dict
+    assert json.dumps(events[1].payload) == json.dumps(RETURNED.to_json())
+    assert events[1].to_dict()["payload"] == RETURNED.to_json()
 
 
 @pytest.mark.parametrize(
-    "travel", [lambda data: pickle.loads(pickle.dumps(data)), copy.deepcopy, copy.copy]
+    "travel",
+    [lambda event: pickle.loads(pickle.dumps(event)), copy.deepcopy, copy.copy],
 )
 def test_a_recorded_sync_travels_as_plain_json_and_is_parsed_there(
-    travel: Callable[[dict[str, Any]], dict[str, Any]],
+    travel: Callable[[Event], Event],
 ) -> None:
-    moved = travel(RETURNED.to_event())
-    assert type(moved) is dict and moved == RETURNED.to_json()
-    (record,) = sync_records([_Event(SYNC_EVENT, 0, moved)])
+    event = Event.of(SYNC_EVENT, 0, RETURNED.to_event())
+    moved = travel(event)
+    assert moved == event and moved.kept() is None
+    assert type(moved.payload) is dict and moved.payload == RETURNED.to_json()
+    (record,) = sync_records([moved])
     assert record == RETURNED and record is not RETURNED
 
 
@@ -187,7 +194,7 @@ def test_a_sync_whose_inputs_would_read_back_otherwise_is_parsed() -> None:
     # record would hand the judge something parsing would not give.
     inputs = _OwnBatch(num_reqs=3, num_tokens=3)
     record = SyncRecord("step 0", inputs, False, False, DESCRIPTOR, AGREEMENT)
-    (read,) = sync_records([_Event(SYNC_EVENT, 0, record.to_event())])
+    (read,) = sync_records([Event.of(SYNC_EVENT, 0, record.to_event())])
     assert read is not record and type(read.inputs) is RankBatch
 
 

@@ -6,7 +6,9 @@ an :class:`ExpectRecord` per judged step (what a correct sync would choose).
 Properties and reports read these typed values. The trace carries them as
 JSON objects, because the replay lane's ranks write their events to logs and
 counterexample files store traces: ``to_json()`` gives that form key for key,
-and ``from_json()`` reads it back once per trace, when a run is judged.
+and ``from_json()`` reads it back once per trace, when a run is judged. A
+simulated rank records the record itself (``to_event()``): its trace writes
+the JSON only when read, and the judge takes the record back unparsed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode
+from dpsim.records.trace import Payload
 
 #: The trace event kinds these records travel as.
 SYNC_EVENT = "sync"
@@ -241,10 +244,16 @@ class SyncRecord:
     def raised(self) -> bool:
         return self.error is not None
 
-    def to_event(self) -> dict[str, Any]:
-        """:meth:`to_json`, keeping this record for :func:`recorded_syncs` in
-        this process (see :class:`_Written`)."""
-        return _written(self.to_json(), self, self.inputs)
+    def to_event(self) -> Payload:
+        """What a rank records of this call: the record itself, whose JSON
+        the trace writes when read (:class:`~dpsim.records.trace.Event`) and
+        :func:`recorded_syncs` hands back as it is; its JSON at once when
+        the inputs are not a :class:`RankBatch` (any other
+        :class:`~dpsim.records.case.SyncInputs` reads back as one, so the
+        record read back would not be this one)."""
+        if type(self.inputs) is RankBatch:
+            return self
+        return self.to_json()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -347,10 +356,11 @@ class ExpectRecord:
     phase: str
     choices: tuple[Choice, ...]
 
-    def to_event(self) -> dict[str, Any]:
-        """:meth:`to_json`, keeping this record for :func:`expect_records` in
-        this process (see :class:`_Written`)."""
-        return _written(self.to_json(), self)
+    def to_event(self) -> Payload:
+        """What rank 0 records of these choices: the record itself, whose
+        JSON the trace writes when read, and :func:`expect_records` hands
+        back as it is."""
+        return self
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -370,45 +380,16 @@ class ExpectRecord:
             raise ValueError(f"malformed expect record: {problem!r}") from problem
 
 
-class _Written(dict[str, Any]):
-    """A record's JSON form (its ``to_json()``) that keeps the record itself.
-
-    A run is judged in the process that ran it, and the judge reads every
-    sync of every rank back off the trace: parsing the JSON that was just
-    written from an equal record cost about as much as writing it. So the
-    record rides along, and :func:`_read_back` hands it back instead of
-    parsing. It is a cache, not part of the trace: the dict is the trace's
-    payload, unchanged, and a pickled or copied one is a plain dict.
-    """
-
-    __slots__ = ("record",)
-    record: Any
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (dict, (dict(self),))
-
-
-def _written(data: dict[str, Any], record: Any, inputs: Any = None) -> dict[str, Any]:
-    """``data`` (``record.to_json()``) keeping ``record``, when parsing it back
-    gives an equal record: a sync whose inputs are a :class:`RankBatch` (any
-    other :class:`~dpsim.records.case.SyncInputs` reads back as one)."""
-    if inputs is not None and type(inputs) is not RankBatch:
-        return data
-    written = _Written(data)
-    written.record = record
-    return written
-
-
 _R = TypeVar("_R", "SyncRecord", "ExpectRecord")
 
 
-def _read_back(cls: type[_R], payload: dict[str, Any]) -> _R:
-    """The record ``payload`` is the JSON form of: the one it was written
-    from, where it kept it, else parsed."""
-    if type(payload) is _Written and type(payload.record) is cls:
-        record: _R = payload.record
-        return record
-    return cls.from_json(payload)
+def _read_back(cls: type[_R], event: TraceEvent) -> _R:
+    """The record ``event`` carries: the one it was recorded as, where it
+    kept it, else parsed from its payload."""
+    kept = event.kept()
+    if type(kept) is cls:
+        return kept
+    return cls.from_json(event.payload)
 
 
 class TraceEvent(Protocol):
@@ -420,6 +401,7 @@ class TraceEvent(Protocol):
     def after_collectives(self) -> int: ...
     @property
     def payload(self) -> dict[str, Any]: ...
+    def kept(self) -> Any: ...
 
 
 def recorded_syncs(events: Iterable[TraceEvent]) -> Iterator[tuple[int, SyncRecord]]:
@@ -427,7 +409,7 @@ def recorded_syncs(events: Iterable[TraceEvent]) -> Iterator[tuple[int, SyncReco
     rank had entered before recording it."""
     for event in events:
         if event.kind == SYNC_EVENT:
-            yield event.after_collectives, _read_back(SyncRecord, event.payload)
+            yield event.after_collectives, _read_back(SyncRecord, event)
 
 
 def sync_records(events: Iterable[TraceEvent]) -> list[SyncRecord]:
@@ -439,4 +421,4 @@ def expect_records(events: Iterable[TraceEvent]) -> Iterator[ExpectRecord]:
     """The oracle's records in one rank's events, in order."""
     for event in events:
         if event.kind == EXPECT_EVENT:
-            yield _read_back(ExpectRecord, event.payload)
+            yield _read_back(ExpectRecord, event)

@@ -22,6 +22,7 @@ import torch.distributed as real_dist
 
 from dpsim.records.dist import GroupNamespace
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
+from dpsim.records.trace import Payload, payload_json
 from dpsim.sim.collectives import OP_NAMES
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.scheduler import StepBudgetExceeded
@@ -318,5 +319,5 @@ class RealWorld:
     def group(self, name: str) -> Any:
         return self._groups[name]
 
-    def record(self, kind: str, payload: dict[str, Any]) -> None:
-        self.log.write(event=[kind, self.entered, payload])
+    def record(self, kind: str, payload: Payload) -> None:
+        self.log.write(event=[kind, self.entered, payload_json(payload)])

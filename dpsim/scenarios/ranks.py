@@ -26,6 +26,7 @@ from dpsim.records.sync import (
     ExpectRecord,
     SyncRecord,
 )
+from dpsim.records.trace import Payload
 from dpsim.targets import runtime
 from dpsim.targets.load import Target
 from dpsim.targets.v1.load import V1Target
@@ -49,7 +50,7 @@ class ProgramWorld(Protocol):
     @property
     def dist(self) -> Any: ...
     def group(self, name: str) -> Any: ...
-    def record(self, kind: str, payload: dict[str, Any]) -> None: ...
+    def record(self, kind: str, payload: Payload) -> None: ...
     def set_skip_dp_coordination(self, flag: bool) -> None: ...
 
 
@@ -63,7 +64,7 @@ def program_world() -> ProgramWorld:
     return cast(ProgramWorld, world)
 
 
-def record(kind: str, payload: dict[str, Any]) -> None:
+def record(kind: str, payload: Payload) -> None:
     """Add an event to the running rank's trace, in whichever world it runs."""
     program_world().record(kind, payload)
 

@@ -20,7 +20,7 @@ from dpsim.records.groups import (
     DP_DEVICE_GROUP,
     WORLD_GROUP,
 )
-from dpsim.records.trace import EventTuple
+from dpsim.records.trace import EventTuple, Payload
 from dpsim.sim.collectives import SimCollectives, SimProcessGroup
 from dpsim.sim.coordinator import GroupCoordinatorView
 from dpsim.sim.mailbox import Mailbox
@@ -172,7 +172,7 @@ class SimWorld:
 
     # -- for programs -----------------------------------------------------------
 
-    def record(self, kind: str, payload: dict[str, Any]) -> None:
+    def record(self, kind: str, payload: Payload) -> None:
         if self.scheduler.closing:
             return  # a finally block of a rank being ended: the trace is final
         rank = self.scheduler.current
