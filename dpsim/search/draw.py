@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.strategies import SearchStrategy, integers, sampled_from
 
+from dpsim.search.integers import draw_integer, lean
 from dpsim.search.internals import (
     BUFFER_SIZE,
     MAX_DEPTH,
@@ -58,6 +59,43 @@ class FastData(ConjectureData):
         #: How many choices the first draw nested in the top-level one took
         #: (a case's policy): None until it ends.
         self.first_part: int | None = None
+        #: Whether integer choices take the lean path (dpsim.search.integers).
+        self.lean = lean(self.provider)
+
+    def draw_integer(
+        self,
+        min_value: int | None = None,
+        max_value: int | None = None,
+        *,
+        weights: dict[int, float] | None = None,
+        shrink_towards: int = 0,
+        forced: int | None = None,
+        observe: bool = True,
+    ) -> int:
+        if (
+            shrink_towards
+            or forced is not None
+            or not self.lean
+            or (observe and len(self.drawn) < len(self.replay))
+        ):
+            return super().draw_integer(
+                min_value,
+                max_value,
+                weights=weights,
+                shrink_towards=shrink_towards,
+                forced=forced,
+                observe=observe,
+            )
+        # The commonest choice by far: drawn as the provider draws it, and
+        # recorded as _draw records it, without building the constraints
+        # dict (dpsim.search.integers).
+        value = draw_integer(self, min_value, max_value, weights)
+        if observe:
+            self.length += choice_size(value)
+            if self.length > BUFFER_SIZE:
+                self.conclude_test(Status.OVERRUN)
+            self.drawn.append(value)
+        return value
 
     def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
         # Pooling only saves memory across the engine's many stored cases.

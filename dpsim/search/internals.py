@@ -28,15 +28,27 @@ try:
     from hypothesis.control import BuildContext
     from hypothesis.database import choices_from_bytes, choices_to_bytes
     from hypothesis.errors import StopTest
-    from hypothesis.internal.conjecture.choice import choice_from_index, choice_size
+    from hypothesis.internal.conjecture.choice import (
+        choice_constraints_key,
+        choice_from_index,
+        choice_permitted,
+        choice_size,
+    )
     from hypothesis.internal.conjecture.data import MAX_DEPTH, ConjectureData, Status
     from hypothesis.internal.conjecture.engine import (
         BUFFER_SIZE,
         ConjectureRunner,
         RunIsComplete,
     )
+    from hypothesis.internal.conjecture.providers import (
+        CONSTANTS_CACHE,
+        GLOBAL_CONSTANTS,
+        INTEGERS_DISTRIBUTION,
+        HypothesisProvider,
+    )
     from hypothesis.internal.conjecture.shrinker import Shrinker, ShrinkPass
     from hypothesis.internal.conjecture.shrinking.choicetree import Chooser
+    from hypothesis.internal.conjecture.utils import Sampler
     from hypothesis.internal.escalation import InterestingOrigin
     from hypothesis.strategies._internal.lazy import unwrap_strategies
 except ImportError as error:  # pragma: no cover - depends on the installed version
@@ -49,18 +61,25 @@ except ImportError as error:  # pragma: no cover - depends on the installed vers
 __all__ = [
     "BUFFER_SIZE",
     "CHECKED_ON",
+    "CONSTANTS_CACHE",
+    "GLOBAL_CONSTANTS",
+    "INTEGERS_DISTRIBUTION",
     "MAX_DEPTH",
     "BuildContext",
     "Chooser",
     "ConjectureData",
     "ConjectureRunner",
+    "HypothesisProvider",
     "InterestingOrigin",
     "RunIsComplete",
+    "Sampler",
     "ShrinkPass",
     "Shrinker",
     "Status",
     "StopTest",
+    "choice_constraints_key",
     "choice_from_index",
+    "choice_permitted",
     "choice_size",
     "choices_from_bytes",
     "choices_to_bytes",
