@@ -178,7 +178,7 @@ def test_a_recorded_sync_travels_as_plain_json_and_is_parsed_there(
 ) -> None:
     event = Event.of(SYNC_EVENT, 0, RETURNED.to_event())
     moved = travel(event)
-    assert moved == event and moved.kept() is None
+    assert moved == event and moved.kept is None
     assert type(moved.payload) is dict and moved.payload == RETURNED.to_json()
     (record,) = sync_records([moved])
     assert record == RETURNED and record is not RETURNED

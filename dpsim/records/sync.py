@@ -386,7 +386,7 @@ _R = TypeVar("_R", "SyncRecord", "ExpectRecord")
 def _read_back(cls: type[_R], event: TraceEvent) -> _R:
     """The record ``event`` carries: the one it was recorded as, where it
     kept it, else parsed from its payload."""
-    kept = event.kept()
+    kept = event.kept
     if type(kept) is cls:
         return kept
     return cls.from_json(event.payload)
@@ -401,6 +401,7 @@ class TraceEvent(Protocol):
     def after_collectives(self) -> int: ...
     @property
     def payload(self) -> dict[str, Any]: ...
+    @property
     def kept(self) -> Any: ...
 
 

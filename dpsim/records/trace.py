@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Collection, Container, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 _T = TypeVar("_T")
 
@@ -216,7 +216,7 @@ class JsonRecord(Protocol):
 
 
 #: What a program hands its world to record: the event's JSON payload, or a
-#: record that writes it (:meth:`Event.kept`).
+#: record that writes it (``Event.kept``).
 Payload = dict[str, Any] | JsonRecord
 
 #: An event as a lane keeps it while running or reads it from a log:
@@ -235,7 +235,7 @@ class Event:
     simulator, the rank's world in the real lane).
 
     An event recorded as a typed record (every sync of every rank, and the
-    oracle's choices) keeps that record (:meth:`kept`) and writes its JSON
+    oracle's choices) keeps that record (``kept``) and writes its JSON
     ``payload`` on first read: a run is judged in the process that ran it,
     from the records, and writing the JSON of every sync cost about a
     twelfth of running and judging an 8-rank case whose trace nobody wrote
@@ -247,6 +247,11 @@ class Event:
     #: can be placed between collective records.
     after_collectives: int
     payload: dict[str, Any]
+    #: The record this event's payload is the JSON of, when the lane recorded
+    #: one (else None: read the payload). Not a field: an attribute the
+    #: judge reads for every sync, so no call, and no part of the event's
+    #: value (equality, pickling) beyond the payload it writes.
+    kept: ClassVar[JsonRecord | None] = None
 
     @classmethod
     def all_of(cls, raw: Sequence[EventTuple]) -> tuple[Event, ...]:
@@ -263,20 +268,14 @@ class Event:
         if isinstance(payload, dict):
             fields["payload"] = payload
         else:
-            fields[_KEPT] = payload
+            fields["kept"] = payload
         return event
-
-    def kept(self) -> JsonRecord | None:
-        """The record this event's payload is the JSON of, when the lane
-        recorded one (else None: read the payload)."""
-        kept: JsonRecord | None = self.__dict__.get(_KEPT)
-        return kept
 
     def __getattr__(self, name: str) -> Any:
         # Reached only for attributes not in __dict__: the payload of an
         # event recorded as a record, not read yet. Written once, then kept.
         if name == "payload":
-            kept = self.__dict__.get(_KEPT)
+            kept = self.__dict__.get("kept")
             if kept is not None:
                 value = self.__dict__[name] = kept.to_json()
                 return value
@@ -453,8 +452,6 @@ class RankTrace:
         }
 
 
-#: Key in an event's ``__dict__`` of the record its payload is written from
-_KEPT = "_kept_record"
 #: Key in a lazy trace's ``__dict__`` of the function that builds its records
 _LAZY_COLLECTIVES = "_lazy_collectives"
 _TRACE_FIELDS = tuple(field.name for field in dataclasses.fields(RankTrace))
