@@ -18,12 +18,20 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis import strategies as st
 from hypothesis.database import InMemoryExampleDatabase
-from hypothesis.errors import NoSuchExample, Unsatisfiable
+from hypothesis.errors import InvalidArgument, NoSuchExample, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
 from dpsim.capture.once import ints
 from dpsim.search import fast
-from dpsim.search.draw import INTEGERS, SAMPLED_FROM, context, draw
+from dpsim.search.draw import (
+    INTEGERS,
+    JUST,
+    ONE_OF,
+    SAMPLED_FROM,
+    _known_ready,
+    context,
+    draw,
+)
 from dpsim.search.internals import (
     ConjectureData,
     Status,
@@ -106,12 +114,12 @@ def test_a_draw_past_hypothesis_buffer_is_rejected_as_it_would_overrun() -> None
     assert data.status is Status.OVERRUN
 
 
-def test_sampled_from_and_integers_have_nothing_to_validate_and_are_never_empty() -> (
+def test_sampled_from_just_and_integers_have_nothing_to_validate_and_are_never_empty() -> (
     None
 ):
     # What lets a draw skip validating them (draw.py): Hypothesis' defaults,
     # which validate nothing and call a strategy not empty.
-    for kind in (SAMPLED_FROM, INTEGERS):
+    for kind in (SAMPLED_FROM, JUST, INTEGERS):
         assert kind.do_validate is SearchStrategy.do_validate
         assert kind.calc_is_empty is SearchStrategy.calc_is_empty
     for strategy in (
@@ -121,9 +129,37 @@ def test_sampled_from_and_integers_have_nothing_to_validate_and_are_never_empty(
     ):
         assert type(strategy) is SAMPLED_FROM
         assert not strategy.is_empty
+    assert type(st.just([])) is JUST
+    assert not st.just(None).is_empty
     assert type(unwrap_strategies(st.integers(3, 3))) is INTEGERS
     assert type(ints(3, 4)) is INTEGERS
     assert not ints(3, 4).is_empty
+
+
+def test_a_one_of_is_not_validated_again_only_when_its_branches_are_known() -> None:
+    # What a one_of's validation and emptiness come down to (draw.py): its
+    # branches'. Plain branches and branches drawn before are known.
+    assert type(st.one_of(st.just(1), st.just(2))) is ONE_OF
+    assert ONE_OF.do_validate is not SearchStrategy.do_validate
+    fresh = st.one_of(
+        st.sampled_from((1, 2)),
+        st.just(3),
+        ints(0, 4),
+        st.one_of(st.just(5), st.sampled_from([6]).map(str)),
+    )
+    assert _known_ready(fresh)
+    assert not _known_ready(st.one_of(st.just(1), st.nothing()))
+    lazy = st.integers(17, 93)  # bounds no other test draws
+    either = st.one_of(st.just(1), lazy)
+    assert not _known_ready(either)
+    assert draw(lazy, Random(0)) is not None
+    assert _known_ready(either)
+
+
+def test_a_one_of_with_an_invalid_or_empty_branch_is_still_refused() -> None:
+    with pytest.raises(InvalidArgument):
+        draw(st.one_of(st.just(1), st.integers(3, 1)), Random(0))
+    assert draw(st.one_of(st.nothing(), st.nothing()), Random(0)) is None
 
 
 def test_a_sampled_from_whose_filter_rejects_everything_is_rejected() -> None:

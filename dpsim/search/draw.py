@@ -18,7 +18,7 @@ from random import Random
 from typing import Any, NoReturn, TypeVar
 
 from hypothesis.errors import UnsatisfiedAssumption
-from hypothesis.strategies import SearchStrategy, integers, sampled_from
+from hypothesis.strategies import SearchStrategy, integers, just, one_of, sampled_from
 
 from dpsim.search.integers import draw_integer, lean
 from dpsim.search.internals import (
@@ -204,12 +204,15 @@ def _immutable(value: Any) -> bool:
     return False
 
 
-#: The classes of a plain ``sampled_from`` (mapped or filtered or not) and
-#: of what ``integers`` wraps: tests/test_search_fast.py checks that both
-#: validate nothing and are never empty.
+#: The classes of a plain ``sampled_from`` (mapped or filtered or not), of
+#: ``just`` (a one-element sampled_from) and of what ``integers`` wraps:
+#: tests/test_search_fast.py checks that they validate nothing and are never
+#: empty.
 SAMPLED_FROM = type(sampled_from((False, True)))
+JUST = type(just(None))
 INTEGERS = type(unwrap_strategies(integers(0, 1)))
-_PLAIN = frozenset((SAMPLED_FROM, INTEGERS))
+_PLAIN = frozenset((SAMPLED_FROM, JUST, INTEGERS))
+ONE_OF = type(one_of(just(False), just(True)))
 
 #: Strategies already validated and found not empty, by id, each with the
 #: strategy it unwraps to. Hypothesis keeps the same facts on the strategy,
@@ -226,14 +229,15 @@ _READY_MAX = 4096
 def _ready(strategy: SearchStrategy[Any], data: FastData) -> SearchStrategy[Any]:
     """``strategy`` validated (what Hypothesis' own draw does first), and
     what it unwraps to; an empty strategy ends the draw as invalid."""
-    if type(strategy) in _PLAIN:
+    if _known_ready(strategy):
         # Nothing to validate, and never empty (a sampled_from's constructor
         # refuses an empty sequence, and a filter that rejects every element
         # ends the draw itself; integers' bounds are checked when built). A
         # step's palette is a new sampled_from every time, as is the branch
         # chooser of every new one_of, and mid-draw integer bounds give new
         # integers (dpsim.capture.once): working both facts out through
-        # Hypothesis' recursive-property machinery cost about four draws.
+        # Hypothesis' recursive-property machinery cost about four draws,
+        # and validating a new one_of of such branches about twenty.
         target: SearchStrategy[Any] = strategy
     else:
         strategy.validate()
@@ -244,6 +248,23 @@ def _ready(strategy: SearchStrategy[Any], data: FastData) -> SearchStrategy[Any]
         _READY.clear()
     _READY[id(strategy)] = (strategy, target)
     return target
+
+
+def _known_ready(strategy: SearchStrategy[Any]) -> bool:
+    """Whether ``strategy`` is known valid and not empty without asking
+    Hypothesis: a plain one, or a ``one_of`` of known ones. A one_of
+    validates by validating its branches, and is empty only when they all
+    are (``OneOfStrategy.do_validate`` and ``calc_is_empty``); a branch drawn
+    before (so validated then) is known too."""
+    kind = type(strategy)
+    if kind in _PLAIN:
+        return True
+    if kind is ONE_OF:
+        return all(
+            _known_ready(branch) or _READY.get(id(branch), (None,))[0] is branch
+            for branch in strategy.original_strategies  # type: ignore[attr-defined]
+        )
+    return False
 
 
 def draw(
