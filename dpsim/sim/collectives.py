@@ -132,7 +132,7 @@ class SimProcessGroup:
 
     def rank(self) -> int:
         state = self._state
-        return state.position[state.scheduler.current]
+        return state.position[state.dist.scheduler.current]
 
     def __repr__(self) -> str:
         return f"<dpsim group {self.name!r} ranks={list(self.ranks)}>"
@@ -150,33 +150,35 @@ def _positions(members: tuple[int, ...], world_size: int) -> tuple[int, ...]:
 class GroupState:
     """One group's members and its collectives in flight."""
 
-    # Four of these are made per run, whatever the run does.
+    # Made once per world; read on every collective.
     __slots__ = (
+        "dist",
         "handle",
         "members",
         "name",
         "next_seq",
         "pending",
         "position",
-        "scheduler",
         "size",
     )
 
     def __init__(
-        self, name: str, members: Sequence[int], world_size: int, scheduler: Scheduler
+        self, name: str, members: Sequence[int], world_size: int, dist: SimCollectives
     ) -> None:
         self.name = name
         self.members: tuple[int, ...] = tuple(members)
         self.size = len(self.members)
+        #: The collectives this group belongs to, whose ``scheduler`` is the
+        #: running one's: a run then resets only the groups it used.
+        self.dist = dist
         #: global rank -> position in the group, -1 for non-members (indexed on
         #: every collective: a sequence index beats a dict lookup)
         self.position = _positions(self.members, world_size)
         self.handle = SimProcessGroup(self)
-        self.reset(scheduler)
+        self.reset()
 
-    def reset(self, scheduler: Scheduler) -> None:
-        """Forget every collective: ready for a run under ``scheduler``."""
-        self.scheduler = scheduler
+    def reset(self) -> None:
+        """Forget every collective: ready for the next run."""
         #: per member position: the seq its next collective will get
         self.next_seq = [0] * self.size
         #: collectives some member entered that have not completed, by seq
@@ -319,11 +321,14 @@ class SimCollectives:
     ) -> None:
         self.world_size = world_size
         self.groups: dict[str, GroupState] = {
-            name: GroupState(name, members, world_size, scheduler)
+            name: GroupState(name, members, world_size, self)
             for name, members in groups
         }
         self._default = self.groups[world_group]
         self.group = GroupNamespace(self._default.handle)
+        #: Groups a collective was entered in since the last reset: most runs
+        #: use one of the four or five groups, and only those need resetting.
+        self.used: list[GroupState] = []
         self._reset_own(scheduler)
 
     def reset(self, scheduler: Scheduler) -> None:
@@ -332,8 +337,9 @@ class SimCollectives:
         The groups, their handles and whatever holds them stay; the logs are
         new lists, since the last run's trace may still read the old ones.
         """
-        for state in self.groups.values():
-            state.reset(scheduler)
+        for state in self.used:
+            state.reset()
+        self.used = []
         self._reset_own(scheduler)
 
     def _reset_own(self, scheduler: Scheduler) -> None:
@@ -517,6 +523,9 @@ class SimCollectives:
         pending = state.pending.get(seq)
         if pending is None:
             pending = state.pending[seq] = Pending(state, seq, signature)
+            if seq == 0:
+                # The group's first collective this run (seq 0 is made once).
+                self.used.append(state)
         elif signature != pending.signature:
             pending.mismatched = True
 
@@ -537,11 +546,13 @@ class SimCollectives:
         if pending.done:
             scheduler.preempt()  # completing it woke the others: who goes next?
             return None
-        # Block until it completes (perhaps never): inlined wait_for().
+        # Block until it completes (perhaps never): inlined wait_for(), and
+        # scheduler.block() without its closing check, which charge() above
+        # made already (a closing scheduler's charge always raises).
         pending.waiters.append(rank)
         waiting_on = self.waiting_on
         waiting_on[rank] = (pending, False)
-        scheduler.block()
+        scheduler.next_greenlet().switch()
         waiting_on[rank] = None
         return None
 

@@ -13,6 +13,7 @@ input side.
 from __future__ import annotations
 
 import functools
+from itertools import repeat
 
 from dpsim.records.trace import (
     CollectiveRecord,
@@ -164,25 +165,43 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
         ends = exits  # type: ignore[assignment]  # no None left in it
     events = _events(world, waiting) if world.events or world.parked else {}
     make_trace = RankTrace.lazy
-    partial = functools.partial
     steps = scheduler.steps
-    traces = tuple(
-        [
-            make_trace(
-                rank,
-                state,
-                returned,
-                error,
-                waiting.get(rank),
-                steps[rank],
-                partial(_records, log, signature),
-                events.get(rank, ()),
-            )
-            for rank, ((state, returned, error), log) in enumerate(
-                zip(ends, dist.logs, strict=True)
-            )
-        ]
+    # Made in one C loop: one per rank of every run.
+    collectives = list(
+        map(functools.partial, repeat(_records), dist.logs, repeat(signature))
     )
+    if waiting or events:
+        traces = tuple(
+            [
+                make_trace(
+                    rank,
+                    state,
+                    returned,
+                    error,
+                    waiting.get(rank),
+                    steps[rank],
+                    collectives[rank],
+                    events.get(rank, ()),
+                )
+                for rank, (state, returned, error) in enumerate(ends)
+            ]
+        )
+    else:  # every rank ended, and none recorded an event: most runs
+        traces = tuple(
+            [
+                make_trace(
+                    rank,
+                    state,
+                    returned,
+                    error,
+                    None,
+                    steps[rank],
+                    collectives[rank],
+                    (),
+                )
+                for rank, (state, returned, error) in enumerate(ends)
+            ]
+        )
     return SimResult.judged(
         traces,
         tuple(scheduler.choices),

@@ -151,7 +151,7 @@ class Scheduler:
         if self._closing:
             raise GreenletExit
         # Never this rank's own worker: it is not runnable until woken.
-        self._next_greenlet().switch()
+        self.next_greenlet().switch()
 
     def preempt(self) -> None:
         """A point where another rank may run first; this one stays runnable."""
@@ -162,7 +162,7 @@ class Scheduler:
             return  # nobody else could run: no choice to make or record
         rank = self.current
         insort(runnable, rank)
-        target = self._next_greenlet()
+        target = self.next_greenlet()
         if target is not self._workers[rank]:
             target.switch()  # returns when this rank is picked again
 
@@ -194,11 +194,13 @@ class Scheduler:
         self.choices.append(rank)
         return rank
 
-    def _next_greenlet(self) -> greenlet:
+    def next_greenlet(self) -> greenlet:
         """Pick who runs next and make it current; the hub when nobody can.
 
-        Called in the greenlet giving up the baton. A rank's first switch
-        starts it: its worker was handed its task in :meth:`run`.
+        Called in the greenlet giving up the baton, which then switches to
+        the one returned (:meth:`block`, or a caller that knows the run is not
+        closing). A rank's first switch starts it: its worker was handed its
+        task in :meth:`run`.
         """
         runnable = self._runnable
         if len(runnable) == 1:
@@ -240,7 +242,7 @@ class Scheduler:
             while True:
                 while runnable:
                     # Back here when no rank can run, or when the chooser raised.
-                    self._next_greenlet().switch()
+                    self.next_greenlet().switch()
                     failure = self._failure
                     if failure is not None:
                         self._failure = None
@@ -307,7 +309,7 @@ class Scheduler:
             self._ended[rank] = True
         if self._closing:
             return self.hub
-        return self._next_greenlet()
+        return self.next_greenlet()
 
     def close(self) -> None:
         """End every rank still blocked, letting its ``finally`` blocks run.
