@@ -74,6 +74,7 @@ def _inputs_cell(inputs: RankBatch) -> str:
             ("eager!", inputs.need_eager),
             ("ub", inputs.allow_ubatching),
             ("skip", inputs.allow_skip_drafts),
+            ("cascade", inputs.cascade_attn),
         )
         if flag
     ]

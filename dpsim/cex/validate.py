@@ -56,6 +56,7 @@ _BATCH_FIELDS = (
     fields.Field("uniform_decode", _true_or_false),
     fields.Field("allow_skip_drafts", _true_or_false),
     fields.Field("num_encoder_reqs", fields.integer(0, MAX_INT)),
+    fields.Field("cascade_attn", _true_or_false),
 )
 _REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
 

@@ -54,6 +54,10 @@ class SyncInputs:
     #: Requests with encoder inputs scheduled this step (the V1 caller's
     #: ``num_encoder_reqs``); no V2 sync takes it.
     num_encoder_reqs: int = 0
+    #: Whether the rank's step uses cascade attention (the V1 caller's
+    #: ``use_cascade_attn``, worked out from the batch's common prefix); no
+    #: V2 sync takes it.
+    cascade_attn: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,9 @@ class RankBatch(SyncInputs):
     kind: str = "batch"
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, except ``num_encoder_reqs`` when 0: files from before
-        it (and every V2 case) stay as they were."""
+        """Every field, except ``num_encoder_reqs`` when 0 and ``cascade_attn``
+        when false: files from before them (and every V2 case) stay as they
+        were."""
         # Written once per sync of every rank: the fields straight from the
         # instance's __dict__ (a frozen dataclass keeps them there), in
         # declaration order, then the omitted ones dropped.
@@ -78,6 +83,18 @@ class RankBatch(SyncInputs):
             if data[name] == _DEFAULTS[name]:
                 del data[name]
         return data
+
+    def __repr__(self) -> str:
+        """The dataclass's repr, naming ``cascade_attn`` only when set (as
+        :meth:`to_dict` does): a batch without it reads as before the field
+        existed, so reprs of cases (and hashes of them) stay comparable."""
+        values = self.__dict__
+        shown = ", ".join(
+            f"{name}={values[name]!r}"
+            for name in _BATCH_FIELD_ORDER
+            if name != "cascade_attn" or values[name]
+        )
+        return f"{type(self).__qualname__}({shown})"
 
     @staticmethod
     def completed(data: dict[str, Any]) -> dict[str, Any]:
@@ -102,7 +119,7 @@ _BATCH_FIELDS = fields(RankBatch)
 _BATCH_FIELD_NAMES = frozenset(field.name for field in _BATCH_FIELDS)
 _BATCH_FIELD_ORDER = tuple(field.name for field in _BATCH_FIELDS)
 #: Fields a batch's mapping carries only when set away from their default.
-_OMITTED_AT_DEFAULT = frozenset({"num_encoder_reqs"})
+_OMITTED_AT_DEFAULT = frozenset({"num_encoder_reqs", "cascade_attn"})
 _DEFAULTS = {field.name: field.default for field in _BATCH_FIELDS}
 
 

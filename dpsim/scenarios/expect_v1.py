@@ -2,7 +2,8 @@
 
 The V1 runner decides around its sync (``_determine_batch_execution_and_padding``):
 each rank asks its ``CudagraphDispatcher`` for its own batch (any mode but
-FULL on a step with encoder inputs of an encoder-decoder model), the ranks agree
+FULL on a step with encoder inputs of an encoder-decoder model or with cascade
+attention), the ranks agree
 on the least of those modes (one eager rank makes every rank eager), on
 microbatching (every rank votes for it and every rank's tokens reach into the
 last microbatch of the largest padded batch) and, when the agreed mode replays
@@ -123,10 +124,16 @@ def _vote(
         mode, padded = CudagraphMode.NONE, batch.num_tokens
     else:
         # An encoder-decoder model's step with encoder outputs replays no FULL
-        # graph on that rank (the caller's has_encoder_output).
+        # graph on that rank (the caller's has_encoder_output), nor does a
+        # step with cascade attention.
         encoder = batch.num_encoder_reqs > 0 and model_is_encoder_decoder(dispatcher)
         mode, padded = _lookup(
-            dispatcher, batch.num_tokens, uniform, batch, None, disable_full=encoder
+            dispatcher,
+            batch.num_tokens,
+            uniform,
+            batch,
+            None,
+            disable_full=encoder or batch.cascade_attn,
         )
     threshold = (
         None
@@ -168,7 +175,11 @@ def _redispatch(
     if batch.need_eager or synced == CudagraphMode.NONE:
         mode, tokens = CudagraphMode.NONE, count
     else:
-        mode, tokens = _lookup(dispatcher, count, uniform, batch, synced)
+        # 0.12 dispatches again with the rank's own cascade flag; later
+        # releases restrict to the agreed mode, which is then below FULL.
+        mode, tokens = _lookup(
+            dispatcher, count, uniform, batch, synced, disable_full=batch.cascade_attn
+        )
     return Choice.unchecked(
         mode, tokens, parts, agreed.largest, agreed.uniform, agreed.bound
     )
@@ -202,6 +213,8 @@ def _lookup(
             kwargs["invalid_modes"] = {_native(dispatcher, CudagraphMode.FULL)}
         elif "disable_full" in accepted:
             kwargs["disable_full"] = True
+        elif disable_full and "use_cascade_attn" in accepted:
+            kwargs["use_cascade_attn"] = True  # 0.12: its one way to leave FULL out
         elif disable_full:
             raise _Unanswerable  # 0.12's dispatcher cannot leave FULL out
     native_mode, descriptor = dispatcher.dispatch(**kwargs)

@@ -21,6 +21,8 @@ flag, ``allow_ubatching`` is ``allow_microbatching``).
              from 0.19, one request, ``force_uniform_decode=True``, no LoRA);
              every rank's profile run (``_dummy_run(is_profile=True)``:
              ``force_eager``, requests split evenly, no forced flag).
+             Cascade attention (``use_cascade_attn``, 0.12-0.31) is drawn
+             per rank on the steps vLLM can pass it for (see below).
 ``contract`` every call the method's signature allows: any request split of
              any token count (none at all included), ``force_eager``, the uniform flag forced on
              batches it can describe, any LoRA count, microbatching allowed
@@ -35,6 +37,21 @@ disables chunked prefill for them) and whose decodes none; the other
 of a step's prefills. ``contract``: either policy flag, and any count up to
 the batch's requests on any step. Token counts aim at the capture table's
 edges, as for V2 (:mod:`dpsim.scenarios.generate`).
+
+Cascade attention, ``caller``: from 0.12 to 0.31 ``execute_model`` passes
+``use_cascade_attn=True`` when ``_compute_cascade_attn_prefix_lens`` finds a
+common prefix the attention backend takes (0.12.0 ``gpu_model_runner.py``
+2906-2926), unless ``model_config.disable_cascade_attn`` or microbatching
+(``enable_dbo``, from 0.14 ``use_ubatching``) turns it off; 0.32 sets
+``cascade_attn_enabled = False``. The only backend that takes a prefix,
+FlashAttention's ``use_cascade_attention``, wants at least 8 requests and a
+prefix of 256 cached tokens on every one of them, then weighs the kernels by
+the model's heads and the GPU's SMs. The prefix is the KV cache's state and
+the weighing the deployment's, neither of which a batch's shape decides, so
+each rank's step of 8 or more requests draws the flag, and every other step
+(fewer requests, dummy and profile runs, any step of a microbatching policy)
+passes False. A deployment with ``disable_cascade_attn`` is the case where
+every such draw is False. ``contract`` draws no cascade attention yet.
 """
 
 from __future__ import annotations
@@ -67,6 +84,13 @@ from .generate import (
 #: The first release whose ``execute_dummy_batch`` runs ``uniform_decode_query_len``
 #: tokens (0.12-0.18 run one token).
 _DUMMY_OF_DECODE_LENGTH = (0, 19)
+#: How ``execute_model`` passes the flag where cascade attention can be on
+#: (0.11-0.31); 0.32 passes False and leaves ``cascade_attn_enabled`` off.
+_CASCADE_CALL = "use_cascade_attn=cascade_attn_prefix_lens is not None"
+#: FlashAttention's ``use_cascade_attention``: fewer requests never cascade.
+CASCADE_MIN_REQUESTS = 8
+#: The batch kinds ``execute_model`` computes a common prefix for.
+_CASCADE_KINDS = frozenset({"decode", "varlen", "prefill", "mixed"})
 
 BatchesOf = Callable[[st.DrawFn, int], list[RankBatch]]
 
@@ -85,6 +109,8 @@ class V1CallerModel:
     #: Whether ``execute_model`` may refuse microbatching for a step that
     #: splits a prefix from its writer (``_allow_microbatching``, 0.28+).
     microbatch_veto: bool = False
+    #: Whether ``execute_model`` may pass ``use_cascade_attn=True`` (0.12-0.31).
+    cascade_attn: bool = False
 
     @classmethod
     def of_version(
@@ -93,6 +119,7 @@ class V1CallerModel:
         lora_counts: bool,
         encoder_inputs: bool = False,
         microbatch_veto: bool = False,
+        cascade_attn: bool = False,
     ) -> V1CallerModel:
         key = _version_key(version)
         return cls(
@@ -100,6 +127,7 @@ class V1CallerModel:
             lora_counts=lora_counts,
             encoder_inputs=encoder_inputs,
             microbatch_veto=microbatch_veto,
+            cascade_attn=cascade_attn,
         )
 
 
@@ -126,6 +154,7 @@ class V1Generation:
                 lora_counts="force_num_active_loras" in runner,
                 encoder_inputs=target.api.has("num_encoder_reqs"),
                 microbatch_veto="def _allow_microbatching(" in runner,
+                cascade_attn=_CASCADE_CALL in runner and target.api.has("cascade_attn"),
             ),
             capabilities=Capabilities(
                 has_lora=True, has_varlen_decode=False, has_microbatching=True
@@ -202,6 +231,8 @@ def caller_batches(
     )
     # Without microbatching configured the veto returns True at once.
     veto = model.microbatch_veto and policy.microbatching is not None
+    # Microbatching (DBO) turns cascade attention off in execute_model.
+    cascade = model.cascade_attn and policy.microbatching is None
     # Decode graphs live at capture sizes whole decodes fill; sizes around
     # them and around the threshold are where padding and splitting flip.
     sizes = policy.capture_sizes
@@ -299,6 +330,15 @@ def caller_batches(
                 if count
             }
             batches = [with_inputs.get(id(entry), entry) for entry in batches]
+        if cascade:
+            # Per rank, drawn last: ranks given the same batch may differ in
+            # their KV caches' common prefix.
+            batches = [
+                replace(entry, cascade_attn=True)
+                if cascades(entry) and draw(BOOLEANS)
+                else entry
+                for entry in batches
+            ]
         if all(rank.kind == "dummy" for rank in batches):
             # With no work on any rank the engine does not step at all.
             batches[0] = batch([query_len], "decode", draw)
@@ -378,6 +418,13 @@ def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int
         if model.lora_counts
         else st.integers(0, min(most, 1))
     )
+
+
+def cascades(batch: RankBatch) -> bool:
+    """Whether ``execute_model`` can pass ``use_cascade_attn=True`` for
+    ``batch`` where the release and config allow it: a scheduled batch (not
+    a dummy or profile run, which pass False) of enough requests."""
+    return batch.kind in _CASCADE_KINDS and batch.num_reqs >= CASCADE_MIN_REQUESTS
 
 
 def split_evenly(total: int, parts: int) -> list[int]:

@@ -44,6 +44,8 @@ _OPTIONAL_INPUTS = {
     # The V1 caller's; no V2 sync has the parameter, so a case carrying
     # encoder requests is refused on V2 rather than run without them.
     "num_encoder_reqs": "num_encoder_reqs",
+    # The V1 caller's too (use_cascade_attn): refused on V2 likewise.
+    "cascade_attn": "cascade_attn",
 }
 
 

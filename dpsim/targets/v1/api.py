@@ -18,7 +18,8 @@ remainder on the last); ``need_eager`` is ``force_eager``;
 input batch, a dummy run passes ``force_has_lora``/``force_num_active_loras``;
 ``num_encoder_reqs`` is passed as is (0.13+; earlier callers refuse a nonzero
 count), and the stand-in's ``model_config.is_encoder_decoder`` is the
-policy's ``encoder_decoder``, read off the dispatcher's config.
+policy's ``encoder_decoder``, read off the dispatcher's config;
+``cascade_attn`` is ``use_cascade_attn`` (0.11's modelled caller refuses it).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ _INPUT_PARAMETERS: dict[str, str | None] = {
     "allow_ubatching": "allow_microbatching",
     "uniform_decode": "force_uniform_decode",
     "num_encoder_reqs": "num_encoder_reqs",
+    "cascade_attn": "use_cascade_attn",
 }
 
 
@@ -216,7 +218,7 @@ class V1API:
             "num_reqs": inputs.num_reqs,
             "num_scheduled_tokens_np": np.array(counts, dtype=np.int32),
             "max_num_scheduled_tokens": max(counts, default=0),
-            "use_cascade_attn": False,
+            "use_cascade_attn": inputs.cascade_attn,
             "allow_microbatching": inputs.allow_ubatching,
             "force_eager": inputs.need_eager,
             "num_encoder_reqs": inputs.num_encoder_reqs,

@@ -28,7 +28,9 @@ there): the sync in ``_prepare_inputs`` (1287-1307), ``_get_num_input_tokens``
 run a batch eagerly with graphs captured; the padding is decided before).
 
 Left out: sequence-parallel padding (off by default), cascade attention
-(dpsim models none), everything after the dispatch (attention metadata, the
+(0.11's ``execute_model`` can pass it, but this model takes no flag, so a case
+carrying it is refused and the caller profile draws none on 0.11), everything
+after the dispatch (attention metadata, the
 forward itself), and the microbatch slice padding ``execute_model`` applies
 after the sync (it changes no count the ranks agree on).
 """

@@ -181,6 +181,7 @@ def _inputs(
         allow_ubatching=bool(arguments.get("allow_microbatching", True)),
         uniform_decode=bool(arguments.get("force_uniform_decode")),
         num_encoder_reqs=int(arguments.get("num_encoder_reqs", 0)),
+        cascade_attn=bool(arguments.get("use_cascade_attn", False)),
         kind="dummy" if dummy else "decode" if decode else "batch",
     )
 
