@@ -11,12 +11,18 @@ float; and often enough that its constants (one draw in twenty) come up.
 from __future__ import annotations
 
 from random import Random
+from typing import Any
 
 import pytest
 
 from dpsim.search.draw import FastData
-from dpsim.search.integers import draw_integer, lean
-from dpsim.search.internals import ConjectureData, HypothesisProvider
+from dpsim.search.integers import _permitted, draw_integer, lean
+from dpsim.search.internals import (
+    GLOBAL_CONSTANTS,
+    ConjectureData,
+    HypothesisProvider,
+    choice_permitted,
+)
 
 BOUNDS = [
     (0, 0),
@@ -60,6 +66,29 @@ def test_draws_what_the_provider_draws(
         got = [draw_integer(ours, low, high, weights) for _ in range(400)]
         assert got == expected
         assert our_random.getstate() == their_random.getstate()
+
+
+@pytest.mark.parametrize("choice", CHOICES, ids=str)
+def test_constants_permitted_are_the_providers(
+    choice: tuple[int | None, int | None, dict[int, float] | None],
+) -> None:
+    """The pools of permitted constants are the provider's (which the test
+    above may not reach: the provider and the lean path share its cache)."""
+    low, high, weights = choice
+    constraints: Any = {
+        "min_value": low,
+        "max_value": high,
+        "weights": weights,
+        "shrink_towards": 0,
+    }
+    local = HypothesisProvider(None)._local_constants
+    for pool in (GLOBAL_CONSTANTS, local):
+        expected = tuple(
+            value
+            for value in pool.set_for_type("integer")
+            if choice_permitted(value, constraints)
+        )
+        assert _permitted(pool, low, high) == expected
 
 
 def test_constants_are_drawn() -> None:
