@@ -16,11 +16,17 @@ import torch
 
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
-from dpsim.properties.base import Verdict
+from dpsim.properties.base import Phase, Verdict
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
-from dpsim.records.policy import CapturePolicy, Microbatching
-from dpsim.records.sync import EXPECT_EVENT, SYNC_EVENT
+from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.records.sync import (
+    EXPECT_EVENT,
+    SYNC_EVENT,
+    Agreement,
+    Descriptor,
+    SyncRecord,
+)
 from dpsim.sim import current_world, record, simulate
 
 POLICY = CapturePolicy(
@@ -608,3 +614,41 @@ def test_a_rank_whose_own_agreed_count_is_wrong_is_named_once() -> None:
     ]
     found = {verdict.property: verdict for verdict in verdicts(records)}
     assert found["padded-counts"].ranks == (0,)
+
+
+def test_a_judged_runs_phases_read_as_phases_made_plainly() -> None:
+    # Evidence works each phase's columns out in one pass (Phase.of); a
+    # phase made plainly works them out when read. Both must read alike.
+    def returned(tokens: int, reused: bool = False) -> SyncRecord:
+        batch = RankBatch(num_reqs=1, num_tokens=tokens, uniform_token_count=None)
+        return SyncRecord(
+            "step 0",
+            batch,
+            reused,
+            False,
+            Descriptor(CudagraphMode.NONE, tokens, 1),
+            Agreement((tokens, 0), eager=True),
+        )
+
+    raised = SyncRecord(
+        "step 0", RankBatch(num_reqs=1, num_tokens=2), False, False, error="E: x"
+    )
+    for records in (
+        (returned(0), returned(0)),
+        (returned(3), returned(0, reused=True)),
+        (returned(3), None),
+        (returned(3), raised),
+    ):
+        made, plain = Phase.of("step 0", records), Phase("step 0", records)
+        assert made == plain and made.complete == plain.complete
+        if plain.complete:
+            for column in ("all_inputs", "descriptors", "agreements"):
+                assert getattr(made, column) == getattr(plain, column)
+                assert len(getattr(made, column)) == len(records)
+            assert (made.any_work, made.any_reused) == (
+                plain.any_work,
+                plain.any_reused,
+            )
+        else:
+            assert made.any_work == plain.any_work
+            assert made.any_reused == plain.any_reused

@@ -36,12 +36,11 @@ def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         if not phase.any_work or phase.any_reused:
             continue
-        agreement = phase.agreement(0)
+        agreements = phase.agreements
+        agreement = agreements[0]
         if agreement is None or agreement.eager is None:
             continue  # no DPSyncState: the version agrees token counts only
-        if any(
-            phase.agreement(rank) != agreement for rank in range(len(phase.records))
-        ):
+        if any(other != agreement for other in agreements):
             continue  # ranks disagree: `agreement`'s to report
         reason = _wrong_value(phase, agreement)
         if reason is not None:
@@ -50,9 +49,8 @@ def judge(evidence: Evidence) -> Verdict | None:
 
 
 def _wrong_value(phase: Phase, agreement: Agreement) -> str | None:
-    ranks = range(len(phase.records))
-    inputs = [phase.inputs(rank) for rank in ranks]
-    descriptors = [phase.descriptor(rank) for rank in ranks]
+    inputs = phase.all_inputs
+    descriptors = phase.descriptors
     voted = {batch.uniform_token_count for batch in inputs}
     common = voted.pop() if len(voted) == 1 else None
     expected_uniform = common or None

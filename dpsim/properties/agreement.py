@@ -31,8 +31,7 @@ NAME = "agreement"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
-        ranks = range(len(phase.records))
-        agreements = [phase.agreement(rank) for rank in ranks]
+        agreements = phase.agreements
         differs = first_difference(agreements)
         if differs is not None:
             first, other = differs
@@ -46,7 +45,7 @@ def judge(evidence: Evidence) -> Verdict | None:
                 f"{_field(agreements[other], field)})",
             )
         agreed = agreements[0]
-        descriptors = [phase.descriptor(rank) for rank in ranks]
+        descriptors = phase.descriptors
         eager = (
             agreed.eager
             if agreed is not None and agreed.eager is not None

@@ -10,10 +10,10 @@ what it asserts, why it matters and which upstream bug class it guards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from dpsim.records.case import RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
@@ -73,7 +73,26 @@ class Phase:
     name: str
     records: tuple[SyncRecord | None, ...]
 
-    @property
+    @classmethod
+    def of(cls, name: str, records: tuple[SyncRecord | None, ...]) -> Phase:
+        """The phase, with what properties read of it worked out in one pass:
+        every judged run's phases are read by most properties, and a cached
+        property's first read costs more than working its value out."""
+        phase = cls(name, records)
+        known = phase.__dict__
+        complete = known["complete"] = all(
+            record is not None and not record.raised for record in records
+        )
+        if complete:
+            returned = cast(tuple[SyncRecord, ...], records)
+            inputs = known["all_inputs"] = tuple([record.inputs for record in returned])
+            known["descriptors"] = tuple([record.descriptor for record in returned])
+            known["agreements"] = tuple([record.agreement for record in returned])
+            known["any_work"] = any(batch.num_tokens > 0 for batch in inputs)
+            known["any_reused"] = any(record.reused for record in returned)
+        return phase
+
+    @cached_property
     def complete(self) -> bool:
         """Every rank made this call and it returned."""
         return all(record is not None and not record.raised for record in self.records)
@@ -93,14 +112,33 @@ class Phase:
         assert record is not None
         return record.agreement
 
-    @property
+    # Each rank's inputs, descriptor and agreement, in rank order, for a
+    # complete phase: most properties read all three for every rank of every
+    # complete phase, and one read of a record's field by the methods above
+    # cost about as much as comparing it.
+    @cached_property
+    def all_inputs(self) -> tuple[RankBatch, ...]:
+        """Each rank's inputs, in rank order (a complete phase's)."""
+        return tuple([self.inputs(rank) for rank in range(len(self.records))])
+
+    @cached_property
+    def descriptors(self) -> tuple[Descriptor, ...]:
+        """Each rank's descriptor, in rank order (a complete phase's)."""
+        return tuple([self.descriptor(rank) for rank in range(len(self.records))])
+
+    @cached_property
+    def agreements(self) -> tuple[Agreement | None, ...]:
+        """Each rank's agreement, in rank order (a complete phase's)."""
+        return tuple([self.agreement(rank) for rank in range(len(self.records))])
+
+    @cached_property
     def any_work(self) -> bool:
         return any(
             record is not None and record.inputs.num_tokens > 0
             for record in self.records
         )
 
-    @property
+    @cached_property
     def any_reused(self) -> bool:
         """Some rank handed this call an earlier agreement to reuse."""
         return any(record is not None and record.reused for record in self.records)
@@ -148,7 +186,9 @@ class Evidence:
             for _, record in syncs:
                 slots = by_name.setdefault(record.phase, [None] * ranks)
                 slots[trace.rank] = record
-        return tuple(Phase(name, tuple(records)) for name, records in by_name.items())
+        return tuple(
+            [Phase.of(name, tuple(records)) for name, records in by_name.items()]
+        )
 
     @cached_property
     def expected(self) -> dict[str, tuple[Choice, ...]]:
@@ -212,7 +252,7 @@ class Property:
         return self.judge(evidence)
 
 
-def first_difference(values: list[Any]) -> tuple[int, int] | None:
+def first_difference(values: Sequence[Any]) -> tuple[int, int] | None:
     """The first rank whose value differs from rank 0's, as (0, rank)."""
     for rank, value in enumerate(values):
         if value != values[0]:

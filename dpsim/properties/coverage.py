@@ -95,22 +95,18 @@ def shortfall(
 
 
 def judge(evidence: Evidence) -> Verdict | None:
+    runner = evidence.runner
     for phase in evidence.complete_phases:
-        for rank in range(len(phase.records)):
-            agreement = phase.agreement(rank)
+        for rank, (batch, descriptor, agreement) in enumerate(
+            zip(phase.all_inputs, phase.descriptors, phase.agreements, strict=True)
+        ):
             agreed_count = (
                 agreement.num_tokens_across_dp[rank]
                 if agreement is not None and agreement.eager is not True
                 else None
             )
-            reason = shortfall(
-                phase.inputs(rank),
-                phase.descriptor(rank),
-                agreed_count,
-                evidence.runner,
-            )
+            reason = shortfall(batch, descriptor, agreed_count, runner)
             if reason is not None:
-                descriptor = phase.descriptor(rank)
                 return Verdict(
                     NAME,
                     phase.name,

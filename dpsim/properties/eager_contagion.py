@@ -28,8 +28,8 @@ def judge(evidence: Evidence) -> Verdict | None:
         if not phase.any_work:
             continue
         ranks = range(len(phase.records))
-        eager = [phase.descriptor(rank).cg_mode == CudagraphMode.NONE for rank in ranks]
-        asked = [phase.inputs(rank).need_eager for rank in ranks]
+        eager = [d.cg_mode == CudagraphMode.NONE for d in phase.descriptors]
+        asked = [batch.need_eager for batch in phase.all_inputs]
         if all(eager) or not (any(eager) or any(asked)):
             continue
         graph_ranks = tuple(rank for rank in ranks if not eager[rank])
@@ -38,7 +38,7 @@ def judge(evidence: Evidence) -> Verdict | None:
         # A rank that asked for eager and replays a graph itself is the
         # plainest contradiction: say that, naming the rank once.
         shown = cause if cause in graph_ranks else graph_ranks[0]
-        mode = phase.descriptor(shown).cg_mode
+        mode = phase.descriptors[shown].cg_mode
         who = "" if shown == cause else f" rank {shown}"
         return Verdict(
             NAME,

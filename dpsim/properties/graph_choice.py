@@ -51,18 +51,20 @@ _RANK: dict[str, int] = {
 
 def judge(evidence: Evidence) -> Verdict | None:
     expected = evidence.expected
+    v1 = evidence.runner == "v1"
     for phase in evidence.complete_phases:
         choices = expected.get(phase.name)
         if choices is None or phase.any_reused:
             continue
+        descriptors = phase.descriptors
         for rank, choice in enumerate(choices):
-            ran = phase.descriptor(rank)
+            ran = descriptors[rank]
             got = (ran.cg_mode, ran.num_tokens, ran.num_ubatches or 1)
             wanted = (choice.cg_mode, choice.num_tokens, choice.num_ubatches)
             if got[2] != wanted[2]:
                 continue  # the safety properties' to judge
             if wanted[0] == CudagraphMode.NONE and not (
-                evidence.runner == "v1" and got[0] == CudagraphMode.NONE
+                v1 and got[0] == CudagraphMode.NONE
             ):
                 continue  # the safety properties' to judge
             downgraded = _RANK[got[0]] < _RANK[wanted[0]]

@@ -25,10 +25,8 @@ NAME = "padded-counts"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
-        ranks = range(len(phase.records))
-        runs = tuple([phase.descriptor(rank).num_tokens for rank in ranks])
-        for rank in ranks:
-            agreement = phase.agreement(rank)
+        runs = tuple([descriptor.num_tokens for descriptor in phase.descriptors])
+        for rank, agreement in enumerate(phase.agreements):
             if agreement is None:
                 continue
             agreed = agreement.num_tokens_across_dp

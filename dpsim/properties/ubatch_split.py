@@ -26,13 +26,12 @@ NAME = "ubatch-split"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
-        for rank in range(len(phase.records)):
-            descriptor = phase.descriptor(rank)
+        for rank, descriptor in enumerate(phase.descriptors):
             parts = descriptor.num_ubatches
             if parts <= 1 or descriptor.cg_mode == CudagraphMode.NONE:
                 continue
             filled_before_last = (parts - 1) * (descriptor.num_tokens // parts)
-            tokens = phase.inputs(rank).num_tokens
+            tokens = phase.all_inputs[rank].num_tokens
             if tokens <= filled_before_last:
                 return Verdict(
                     NAME,
