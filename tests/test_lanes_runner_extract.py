@@ -304,7 +304,7 @@ def test_loops_tick(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from dpsim.targets import runtime
 
     ticks: list[None] = []
-    monkeypatch.setattr(runtime, "tick", lambda: ticks.append(None))
+    monkeypatch.setitem(runtime.TICKS.__dict__, "tick", lambda: ticks.append(None))
     runner = instance(_runner(fake, ["step"]), scale=1)
     runner.step(4)
     assert len(ticks) == 4

@@ -56,16 +56,19 @@ def simulate(
         if skip_dp_coordination
         else [False] * ranks,
     )
-    with runtime.installed(world):
+    previous = runtime.install(world)
+    try:
+        if on_quiescent is None:
+            scheduler.run(world.crew)
+        else:
+            quiescence = Quiescence(world)
+            scheduler.run(world.crew, lambda: on_quiescent(quiescence))
+        result = result_of_run(scheduler, world)
+    finally:
         try:
-            if on_quiescent is None:
-                scheduler.run(world.crew)
-            else:
-                quiescence = Quiescence(world)
-                scheduler.run(world.crew, lambda: on_quiescent(quiescence))
-            result = result_of_run(scheduler, world)
-        finally:
             scheduler.close()
+        finally:
+            runtime.restore(previous)
     # Only after a run nothing escaped from: an exception that escapes a
     # rank's program past the scheduler (KeyboardInterrupt) ends its worker,
     # and the world's crew must be whole for the next run.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import types
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -77,12 +78,12 @@ class StripAnnotations(ast.NodeTransformer):
         return ast.copy_location(assign, node)
 
 
-def tick() -> Callable[[], None]:
-    """The tick loaded code calls once per loop iteration (imported late: the
-    runtime imports torch)."""
+def tick() -> types.ModuleType:
+    """What loaded code's loops tick, bound as ``TICK_NAME`` (imported late:
+    the runtime imports torch)."""
     from dpsim.targets import runtime
 
-    return runtime.tick
+    return runtime.TICKS
 
 
 class Unsupplied:

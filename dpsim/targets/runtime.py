@@ -8,13 +8,14 @@ real process groups of a replay lane, or, when nothing is installed, real
 is ever patched; only code loaded through :mod:`dpsim.targets.shim` looks here,
 so the rest of the process keeps the real thing.
 
-Loops in loaded code call :func:`tick` once per iteration (the shim inserts
-the call), which is how a simulator turns a rank that spins forever into a
-verdict instead of a hung harness, without any wall-clock timeout.
+Loops in loaded code tick once per iteration (the shim inserts
+``TICKS.tick()``), which is how a simulator turns a rank that spins forever
+into a verdict instead of a hung harness, without any wall-clock timeout.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -123,6 +124,16 @@ class NoWorld:
 NO_WORLD = NoWorld()
 _current: World = NO_WORLD
 
+#: What loaded code's loops tick: ``TICKS.tick`` is the installed world's own
+#: ``tick``, rebound by :func:`install`, so an iteration costs one call (the
+#: world's) rather than two. A plain module: the interpreter specializes a
+#: method lookup on one, and rebinding a name it has keeps that.
+TICKS = types.ModuleType("dpsim.targets.runtime.TICKS")
+TICKS.__dict__["tick"] = NO_WORLD.tick
+
+#: What :func:`install` replaced: the world and the tick to put back.
+Installation = tuple[World, Any]
+
 
 def current() -> World:
     return _current
@@ -131,17 +142,35 @@ def current() -> World:
 @contextmanager
 def installed(world: World) -> Iterator[World]:
     """Make ``world`` the one loaded targets see, for the duration of the block."""
-    global _current
-    previous = _current
-    _current = world
+    previous = install(world)
     try:
         yield world
     finally:
-        _current = previous
+        restore(previous)
+
+
+def install(world: World) -> Installation:
+    """Make ``world`` the one loaded targets see until :func:`restore` is
+    given what this returns; :func:`installed` is the usual way, this one
+    for a caller that installs a world for every short run (the simulator),
+    where a generator-based context manager costs as much as a rank's step."""
+    global _current
+    ticks = TICKS.__dict__
+    previous = (_current, ticks["tick"])
+    _current = world
+    ticks["tick"] = world.tick
+    return previous
+
+
+def restore(previous: Installation) -> None:
+    """Put back the world (and its tick) that :func:`install` replaced."""
+    global _current
+    _current, TICKS.__dict__["tick"] = previous
 
 
 def tick() -> None:
-    """One loop iteration in loaded code; the shim inserts calls to this."""
+    """One loop iteration, for code not loaded through the shim (which calls
+    ``TICKS.tick()`` itself)."""
     _current.tick()
 
 

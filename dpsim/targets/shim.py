@@ -184,12 +184,16 @@ TORCH_VIEW = TorchView()
 
 
 class _TickEveryLoop(ast.NodeTransformer):
-    """Insert ``__dpsim_tick__()`` as the first statement of every loop body."""
+    """Insert ``__dpsim_tick__.tick()`` as the first statement of every loop
+    body, ``__dpsim_tick__`` being :data:`runtime.TICKS`."""
 
     def _tick(self, loop: ast.For | ast.While | ast.AsyncFor) -> ast.AST:
         self.generic_visit(loop)
         first = loop.body[0]
-        call = ast.Expr(ast.Call(ast.Name(TICK_NAME, ast.Load()), args=[], keywords=[]))
+        ticks = ast.Name(TICK_NAME, ast.Load())
+        call = ast.Expr(
+            ast.Call(ast.Attribute(ticks, "tick", ast.Load()), args=[], keywords=[])
+        )
         loop.body.insert(0, ast.copy_location(call, first))
         ast.fix_missing_locations(call)
         return loop
@@ -329,7 +333,7 @@ class ModuleLoader:
         module.__file__ = str(path)
         module.__package__ = name.rpartition(".")[0]
         module.__dict__["__builtins__"] = self._builtins
-        module.__dict__[TICK_NAME] = runtime.tick
+        module.__dict__[TICK_NAME] = runtime.TICKS
         self._modules[name] = (
             module  # a cyclic import finds it half-built, as in Python
         )
