@@ -72,6 +72,29 @@ def test_a_run_inside_a_run_gets_its_own_world() -> None:
     assert [len(trace.collectives) for trace in result.ranks] == [2] * 4
 
 
+def test_runs_with_equal_declared_groups_share_one_world() -> None:
+    # Each run declares its groups in a new mapping, as a scenario does.
+    def run() -> object:
+        worlds: list[object] = []
+
+        def program(rank: int) -> None:
+            worlds.append(current_world())
+            dist.all_reduce(torch.ones(1), group=current_world().group("pair"))
+
+        result = simulate(program, ranks=3, groups={"pair": [0, 1, 2]})
+        assert result.outcome is Outcome.OK
+        return worlds[0]
+
+    sim_world._IDLE.by_layout.clear()
+    assert run() is run()
+    # A layout that differs gets a world of its own.
+    other = simulate(lambda rank: None, ranks=3, groups={"pair": [2, 1, 0]})
+    assert (
+        other.groups
+        != simulate(lambda rank: None, ranks=3, groups={"pair": [0, 1, 2]}).groups
+    )
+
+
 def test_a_copy_that_torch_refuses_raises_what_copy_raises() -> None:
     def program(rank: int) -> None:
         dist.all_reduce(torch.zeros(2, requires_grad=True))

@@ -35,10 +35,27 @@ GroupLayout = tuple[tuple[str, tuple[int, ...]], ...]
 def resolve_groups(
     ranks: int, groups: Mapping[str, Sequence[int]] | None
 ) -> GroupLayout:
-    """The default groups (all spanning every rank), overridden or extended by ``groups``."""
+    """The default groups (all spanning every rank), overridden or extended by ``groups``.
+
+    Equal layouts come back as one object (while at most ``MAX_LAYOUTS``
+    other ones were resolved since), which is how the idle worlds find
+    theirs: by identity, without hashing a tuple of every group's members
+    (O(ranks)) at every run.
+    """
     if not groups:
         return _default_groups(ranks)
-    return _resolve_groups(ranks, groups)
+    layout = _resolve_groups(ranks, groups)
+    interned = _LAYOUTS.get(layout)
+    if interned is None:
+        if len(_LAYOUTS) >= MAX_LAYOUTS:
+            _LAYOUTS.clear()
+        interned = _LAYOUTS[layout] = layout
+    return interned
+
+
+#: Layouts with declared groups, each equal one as one object (see resolve_groups).
+MAX_LAYOUTS = 256
+_LAYOUTS: dict[GroupLayout, GroupLayout] = {}
 
 
 @functools.lru_cache(maxsize=64)
@@ -193,7 +210,10 @@ MAX_IDLE_RANKS = 1024
 
 class _IdleWorlds(threading.local):
     def __init__(self) -> None:
-        self.by_layout: dict[GroupLayout, SimWorld] = {}
+        #: Keyed by ``id(world.layout)``: resolve_groups gives equal layouts as
+        #: one object, and the world keeps its layout alive while it is here,
+        #: so no other object can have that id meanwhile.
+        self.by_layout: dict[int, SimWorld] = {}
 
 
 _IDLE = _IdleWorlds()
@@ -202,14 +222,15 @@ _IDLE = _IdleWorlds()
 def take_world(
     scheduler: Scheduler, groups: GroupLayout, skip_dp_coordination: Sequence[bool]
 ) -> SimWorld:
-    """A world for a run of ``groups``: an idle one reset, else a new one.
+    """A world for a run of ``groups`` (as :func:`resolve_groups` gives it):
+    an idle one reset, else a new one.
 
     Making a world (its groups, handles and DP views) costs about as much as
     a whole rank's share of a small run, and a search makes thousands of runs
     of a few layouts. A world is taken out of the pool for its run, so a
     nested run gets its own.
     """
-    world = _IDLE.by_layout.pop(groups, None)
+    world = _IDLE.by_layout.pop(id(groups), None)
     if world is None:
         return SimWorld(scheduler, groups, skip_dp_coordination)
     world.reset(scheduler, skip_dp_coordination)
@@ -229,13 +250,14 @@ def give_back_world(world: SimWorld) -> None:
     if size > MAX_IDLE_RANKS:
         return
     idle = _IDLE.by_layout
-    idle.pop(world.layout, None)  # a nested run's, given back meanwhile
+    key = id(world.layout)
+    idle.pop(key, None)  # a nested run's, given back meanwhile
     while idle and (
         len(idle) >= MAX_IDLE_WORLDS
         or size + sum(kept.dist.world_size for kept in idle.values()) > MAX_IDLE_RANKS
     ):
         idle.pop(next(iter(idle)))  # the longest idle
-    idle[world.layout] = world
+    idle[key] = world
 
 
 def _running_world() -> SimWorld:
