@@ -139,11 +139,12 @@ def judge(
     case: JudgedCase, result: SimResult, properties: Iterable[Property] | None = None
 ) -> list[Verdict]:
     evidence = Evidence(case, result)
+    runner = evidence.runner
     verdicts = []
     for prop in properties if properties is not None else PROPERTIES.values():
-        if not prop.applies_to(evidence.runner):
+        if not prop.applies_to(runner):
             continue
-        verdict = prop.check(evidence)
+        verdict = prop.judge(evidence)
         if verdict is not None:
             verdicts.append(verdict)
     return verdicts

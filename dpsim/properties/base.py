@@ -184,7 +184,9 @@ class Evidence:
         by_name: dict[str, list[SyncRecord | None]] = {}
         for trace, syncs in zip(self.result.ranks, self.syncs, strict=True):
             for _, record in syncs:
-                slots = by_name.setdefault(record.phase, [None] * ranks)
+                slots = by_name.get(record.phase)
+                if slots is None:
+                    slots = by_name[record.phase] = [None] * ranks
                 slots[trace.rank] = record
         return tuple(
             [Phase.of(name, tuple(records)) for name, records in by_name.items()]
