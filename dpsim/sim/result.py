@@ -94,6 +94,12 @@ class _Waits:
 
 def _incomplete(dist: SimCollectives) -> tuple[IncompleteCollective, ...]:
     """Collectives that never completed; takes their inputs as they are now."""
+    for state in dist.used:
+        if state.pending:
+            break
+    else:
+        # Only a group used this run can hold one (reset() empties the rest).
+        return ()
     found = []
     for state in dist.groups.values():
         if not state.pending:
