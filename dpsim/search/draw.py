@@ -12,6 +12,7 @@ same case: that is what lets a failing case found here be shrunk there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import fields
 from enum import Enum
 from random import Random
@@ -160,15 +161,19 @@ class FastData(ConjectureData):
 
     def _draw_from(self, strategy: SearchStrategy[T]) -> T:
         entry = _READY.get(id(strategy))
-        if entry is not None and entry[0] is strategy:
-            target = entry[1]
-        else:
-            target = _ready(strategy, self)
+        if entry is None or entry[0] is not strategy:
+            entry = _ready(strategy, self)
         if self.depth >= MAX_DEPTH:
             self.conclude_test(Status.INVALID)
         self.depth += 1
         try:
-            return target.do_draw(self)
+            elements = entry[2]
+            if elements is not None:
+                # A sampled_from with no map or filter: what its do_draw
+                # comes to when its first index is accepted, as it always
+                # is without a filter (one index choice, that element).
+                return elements[self.draw_integer(0, len(elements) - 1)]
+            return entry[1].do_draw(self)
         finally:
             self.depth -= 1
             if self.depth == 1 and self.first_part is None:
@@ -215,20 +220,25 @@ _PLAIN = frozenset((SAMPLED_FROM, JUST, INTEGERS))
 ONE_OF = type(one_of(just(False), just(True)))
 
 #: Strategies already validated and found not empty, by id, each with the
-#: strategy it unwraps to. Hypothesis keeps the same facts on the strategy,
+#: strategy it unwraps to and, for a plain sampled_from with no map or
+#: filter, its elements. Hypothesis keeps the same facts on the strategy,
 #: but asking it costs a thread lookup, two property calls and an unwrap on
 #: every draw (about a quarter of a cached integer draw); a case draws some
 #: sixty times. The strategy is kept alongside so that its id cannot be
 #: reused while its entry stands.
-_READY: dict[int, tuple[SearchStrategy[Any], SearchStrategy[Any]]] = {}
+_READY: dict[
+    int, tuple[SearchStrategy[Any], SearchStrategy[Any], Sequence[Any] | None]
+] = {}
 #: Entries kept at most: a step's palette is a new strategy every time, so
 #: the table is emptied when full rather than left to grow.
 _READY_MAX = 4096
 
 
-def _ready(strategy: SearchStrategy[Any], data: FastData) -> SearchStrategy[Any]:
+def _ready(
+    strategy: SearchStrategy[Any], data: FastData
+) -> tuple[SearchStrategy[Any], SearchStrategy[Any], Sequence[Any] | None]:
     """``strategy`` validated (what Hypothesis' own draw does first), and
-    what it unwraps to; an empty strategy ends the draw as invalid."""
+    its ``_READY`` entry; an empty strategy ends the draw as invalid."""
     if _known_ready(strategy):
         # Nothing to validate, and never empty (a sampled_from's constructor
         # refuses an empty sequence, and a filter that rejects every element
@@ -244,10 +254,13 @@ def _ready(strategy: SearchStrategy[Any], data: FastData) -> SearchStrategy[Any]
         if strategy.is_empty:
             data.conclude_test(Status.INVALID)
         target = unwrap_strategies(strategy)
+    elements = None
+    if type(target) is SAMPLED_FROM and not target._transformations:  # type: ignore[attr-defined]
+        elements = target.elements  # type: ignore[attr-defined]
     if len(_READY) >= _READY_MAX:
         _READY.clear()
-    _READY[id(strategy)] = (strategy, target)
-    return target
+    entry = _READY[id(strategy)] = (strategy, target, elements)
+    return entry
 
 
 def _known_ready(strategy: SearchStrategy[Any]) -> bool:
