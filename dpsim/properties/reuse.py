@@ -34,6 +34,8 @@ NAME = "reuse"
 
 
 def judge(evidence: Evidence) -> Verdict | None:
+    if not any(phase.any_reused for phase in evidence.phases):
+        return None  # only a reusing call can break it (most runs have none)
     for trace in evidence.result.ranks:
         given: Agreement | None = None
         handed = iter(_handed_in(trace.events))
