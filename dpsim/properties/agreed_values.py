@@ -36,11 +36,10 @@ def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         if not phase.any_work or phase.any_reused:
             continue
-        agreements = phase.agreements
-        agreement = agreements[0]
+        agreement = phase.agreements[0]
         if agreement is None or agreement.eager is None:
             continue  # no DPSyncState: the version agrees token counts only
-        if any(other != agreement for other in agreements):
+        if phase.agreements_differ is not None:
             continue  # ranks disagree: `agreement`'s to report
         reason = _wrong_value(phase, agreement)
         if reason is not None:

@@ -32,7 +32,7 @@ NAME = "agreement"
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         agreements = phase.agreements
-        differs = first_difference(agreements)
+        differs = phase.agreements_differ
         if differs is not None:
             first, other = differs
             field = _first_field_differing(agreements[first], agreements[other])

@@ -132,6 +132,14 @@ class Phase:
         return tuple([self.agreement(rank) for rank in range(len(self.records))])
 
     @cached_property
+    def agreements_differ(self) -> tuple[int, int] | None:
+        """The first rank whose agreement differs from rank 0's, as (0, rank),
+        or None (a complete phase's): ``agreement`` reports it and
+        ``agreed-values`` judges only phases without one, so it is compared
+        once."""
+        return first_difference(self.agreements)
+
+    @cached_property
     def any_work(self) -> bool:
         return any(
             record is not None and record.inputs.num_tokens > 0
