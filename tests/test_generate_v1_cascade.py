@@ -121,6 +121,7 @@ def test_a_batch_file_names_cascade_only_when_it_is_on() -> None:
 class _Caller:
     def __init__(self, parameters: tuple[str, ...]) -> None:
         self.parameters = parameters
+        self.ignored: tuple[str, ...] = ()
 
     def invoke(self, state: Any, arguments: dict[str, Any]) -> tuple[Any, ...]:
         raise AssertionError("not called")

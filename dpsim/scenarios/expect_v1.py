@@ -21,7 +21,7 @@ for a restricted lookup (0.12's takes neither ``invalid_modes`` nor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim.records.case import RankBatch
@@ -78,12 +78,17 @@ def v1_choices(
     step: Sequence[RankBatch],
     settings: Microbatching | None,
     decode_query_len: int,
+    *,
+    cascade_read: bool = True,
 ) -> tuple[Choice, ...] | None:
     """Each rank's expected (cg_mode, num_tokens, num_ubatches); None where the
     step is not judged (one rank: no coordination; a lookup the dispatcher
-    cannot answer)."""
+    cannot answer). ``cascade_read``: whether the caller method reads its
+    ``use_cascade_attn`` (0.32 keeps the parameter and ignores it)."""
     if len(step) < 2:
         return None
+    if not cascade_read and any(batch.cascade_attn for batch in step):
+        step = [replace(batch, cascade_attn=False) for batch in step]
     uniform = [is_uniform_decode(batch, decode_query_len) for batch in step]
     try:
         votes = [

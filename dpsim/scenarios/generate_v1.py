@@ -26,7 +26,8 @@ flag, ``allow_ubatching`` is ``allow_microbatching``).
 ``contract`` every call the method's signature allows: any request split of
              any token count (none at all included), ``force_eager``, the uniform flag forced on
              batches it can describe, any LoRA count, microbatching allowed
-             or not.
+             or not, and ``use_cascade_attn`` on any rank's batch where the
+             method takes it (0.12+).
 
 Encoder inputs (``num_encoder_reqs``, ``execute_model``'s count of scheduled
 encoder inputs) are drawn where the caller takes them (0.13+). ``caller``: a
@@ -51,7 +52,16 @@ the weighing the deployment's, neither of which a batch's shape decides, so
 each rank's step of 8 or more requests draws the flag, and every other step
 (fewer requests, dummy and profile runs, any step of a microbatching policy)
 passes False. A deployment with ``disable_cascade_attn`` is the case where
-every such draw is False. ``contract`` draws no cascade attention yet.
+every such draw is False.
+
+Cascade attention, ``contract``: the method takes ``use_cascade_attn`` from
+0.12 to 0.33 (0.32 keeps it, ignored, "for out-of-tree model runners"), and
+its signature ties it to nothing else, so every rank's batch of half the
+steps draws it, idle, forced-eager and microbatched batches included (as the
+contract draws ``force_eager`` and the uniform flag on any batch); the other
+half of the steps keep every rank's FULL graphs within reach, which one
+cascading rank of many would almost always rule out. 0.11's modelled caller
+takes no flag, and no contract case carries one there.
 """
 
 from __future__ import annotations
@@ -111,6 +121,8 @@ class V1CallerModel:
     microbatch_veto: bool = False
     #: Whether ``execute_model`` may pass ``use_cascade_attn=True`` (0.12-0.31).
     cascade_attn: bool = False
+    #: Whether the caller method takes ``use_cascade_attn`` at all (0.12+).
+    takes_cascade_attn: bool = False
 
     @classmethod
     def of_version(
@@ -120,6 +132,7 @@ class V1CallerModel:
         encoder_inputs: bool = False,
         microbatch_veto: bool = False,
         cascade_attn: bool = False,
+        takes_cascade_attn: bool = False,
     ) -> V1CallerModel:
         key = _version_key(version)
         return cls(
@@ -128,6 +141,7 @@ class V1CallerModel:
             encoder_inputs=encoder_inputs,
             microbatch_veto=microbatch_veto,
             cascade_attn=cascade_attn,
+            takes_cascade_attn=takes_cascade_attn,
         )
 
 
@@ -155,6 +169,7 @@ class V1Generation:
                 encoder_inputs=target.api.has("num_encoder_reqs"),
                 microbatch_veto="def _allow_microbatching(" in runner,
                 cascade_attn=_CASCADE_CALL in runner and target.api.has("cascade_attn"),
+                takes_cascade_attn=target.api.has("cascade_attn"),
             ),
             capabilities=Capabilities(
                 has_lora=True, has_varlen_decode=False, has_microbatching=True
@@ -393,7 +408,14 @@ def contract_batches(
     def step(draw: st.DrawFn, dp_size: int) -> list[RankBatch]:
         palette = [one_rank(draw) for _ in range(draw(_PALETTE_SIZES))]
         pick = st.sampled_from(palette)  # one strategy for every rank's draw
-        return [draw(pick) for _ in range(dp_size)]
+        batches = [draw(pick) for _ in range(dp_size)]
+        if model.takes_cascade_attn and draw(BOOLEANS):
+            # Per rank, drawn last: ranks given the same batch may differ.
+            batches = [
+                replace(entry, cascade_attn=True) if draw(BOOLEANS) else entry
+                for entry in batches
+            ]
+        return batches
 
     return step
 

@@ -29,6 +29,7 @@ from dpsim.records.sync import (
 from dpsim.records.trace import Payload
 from dpsim.targets import runtime
 from dpsim.targets.load import Target
+from dpsim.targets.v1.api import V1API
 from dpsim.targets.v1.load import V1Target
 
 from .expect import table_choices
@@ -169,8 +170,13 @@ def expect(
     later phase over the same step (a solo repeat) without working it out again."""
     choices = None
     if rank == 0 and setting.target.runner == "v1":
+        api = setting.target.api
         choices = v1_choices(
-            manager, step, policy.microbatching, policy.decode_query_len
+            manager,
+            step,
+            policy.microbatching,
+            policy.decode_query_len,
+            cascade_read=isinstance(api, V1API) and api.reads("cascade_attn"),
         )
     elif rank == 0:
         choices = table_choices(manager, step, policy.microbatching)

@@ -61,6 +61,9 @@ class CallerLike(Protocol):
     @property
     def parameters(self) -> tuple[str, ...]: ...
 
+    @property
+    def ignored(self) -> tuple[str, ...]: ...
+
     def invoke(
         self, state: RunnerState, arguments: dict[str, Any]
     ) -> tuple[Any, ...]: ...
@@ -140,6 +143,21 @@ class V1API:
 
     def has(self, feature: str) -> bool:
         return feature in self.features
+
+    # Asked by the oracle for every step: worked out once.
+    @functools.cached_property
+    def features_read(self) -> tuple[str, ...]:
+        """The features whose parameter the caller also reads: a parameter
+        kept in the signature and ignored (0.32's ``use_cascade_attn``) is
+        taken, but changes nothing."""
+        return tuple(
+            name
+            for name in self.features
+            if _INPUT_PARAMETERS[name] not in self.caller.ignored
+        )
+
+    def reads(self, feature: str) -> bool:
+        return feature in self.features_read
 
     def unsupported_input(self, inputs: SyncInputs) -> str | None:
         """The first input set away from its default this caller cannot take."""

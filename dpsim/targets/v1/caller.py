@@ -85,6 +85,9 @@ class Caller:
     functions: dict[str, Callable[..., Any]] = field(repr=False)
     #: The entry's parameters, as vLLM declares them.
     parameters: tuple[str, ...]
+    #: Those of them its body never reads (0.32's ``use_cascade_attn``,
+    #: kept "for out-of-tree model runners" and ignored).
+    ignored: tuple[str, ...]
     #: Chains read that dpsim answers; reading any other raises.
     answered: tuple[tuple[str, ...], ...]
     #: Chains read that dpsim does not answer (they raise if reached).
@@ -201,13 +204,15 @@ def extract(path: Path, version: str | None, globals_: Mapping[str, Any]) -> Cal
         for chain in reads
         if chain in own_methods or _modelled_prefix(chain) is not None
     )
+    parameters = tuple(inspect.signature(functions[entry.name]).parameters)[1:]
     return Caller(
         path=path,
         version=version,
         entry=entry,
         methods=methods,
         functions=functions,
-        parameters=tuple(inspect.signature(functions[entry.name]).parameters)[1:],
+        parameters=parameters,
+        ignored=_unread(entry.node, parameters),
         answered=tuple(answered),
         unanswered=tuple(sorted(reads - set(answered))),
         globals_used=used,
@@ -227,6 +232,17 @@ def runner_self(caller: Caller, state: RunnerState) -> StrictView:
         # Bound methods need the view itself: add them to its own values.
         object.__getattribute__(view, "_dpsim_view")[3].update(methods)
     return view
+
+
+def _unread(node: ast.FunctionDef, parameters: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``parameters`` no expression in ``node``'s body loads."""
+    loaded = {
+        name.id
+        for statement in node.body
+        for name in ast.walk(statement)
+        if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Load)
+    }
+    return tuple(name for name in parameters if name not in loaded)
 
 
 def _modelled_prefix(chain: tuple[str, ...]) -> tuple[str, ...] | None:

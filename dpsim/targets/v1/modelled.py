@@ -66,6 +66,8 @@ class ModelledCaller:
     descriptor: type
     mode_enum: Any
     parameters: tuple[str, ...] = PARAMETERS
+    #: It reads every parameter it takes.
+    ignored: tuple[str, ...] = ()
 
     def invoke(self, state: RunnerState, arguments: dict[str, Any]) -> tuple[Any, ...]:
         dispatcher = state.dispatcher
