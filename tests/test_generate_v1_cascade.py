@@ -209,10 +209,12 @@ CASCADE_BRANCH_012 = (168, 179)
 
 
 @pytest.mark.release
-def test_a_caller_check_of_0_12_reaches_the_dispatchers_cascade_branch() -> None:
-    """Without cascade attention the caller profile never took 0.12's
+@pytest.mark.parametrize("profile", ["caller", "contract"])
+def test_a_check_of_0_12_reaches_the_dispatchers_cascade_branch(profile: str) -> None:
+    """Without cascade attention neither profile took 0.12's
     ``if not use_cascade_attn:`` false branch (cudagraph_dispatcher.py
-    168->179), which vLLM's own execute_model reaches."""
+    168->179): vLLM's own execute_model reaches it, and the caller method's
+    signature takes the flag."""
     from dpsim.coverage.measuring import measure
     from dpsim.coverage.targets import scopes_for
 
@@ -223,7 +225,7 @@ def test_a_caller_check_of_0_12_reaches_the_dispatchers_cascade_branch() -> None
     run_check(
         target,
         CheckOptions(
-            profile="caller",
+            profile=profile,
             scenarios=("step",),
             properties=("solo",),
             examples=100,
@@ -233,7 +235,7 @@ def test_a_caller_check_of_0_12_reaches_the_dispatchers_cascade_branch() -> None
     )
     files = {
         file.display: file.to_json()
-        for file in measurement.result(target.version).profile("caller")
+        for file in measurement.result(target.version).profile(profile)
     }
     dispatcher = next(data for name, data in files.items() if DISPATCHER_012 in name)
     assert list(CASCADE_BRANCH_012) not in [

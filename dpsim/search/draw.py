@@ -92,10 +92,7 @@ class FastData(ConjectureData):
         # dict (dpsim.search.integers).
         value = draw_integer(self, min_value, max_value, weights)
         if observe:
-            self.length += choice_size(value)
-            if self.length > BUFFER_SIZE:
-                self.conclude_test(Status.OVERRUN)
-            self.drawn.append(value)
+            self._record(value)
         return value
 
     def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
@@ -119,13 +116,16 @@ class FastData(ConjectureData):
         else:
             value = forced
         if observe:
-            # The engine overruns past this many bytes of choices; a case it
-            # would not draw must not be drawn here either.
-            self.length += choice_size(value)
-            if self.length > BUFFER_SIZE:
-                self.conclude_test(Status.OVERRUN)
-            self.drawn.append(value)
+            self._record(value)
         return value
+
+    def _record(self, value: Any) -> None:
+        """Keep an observed choice, and overrun where the engine would: past
+        this many bytes of choices it draws no case, so neither may this."""
+        self.length += choice_size(value)
+        if self.length > BUFFER_SIZE:
+            self.conclude_test(Status.OVERRUN)
+        self.drawn.append(value)
 
     def start_span(self, label: int) -> None:
         self.depth += 1

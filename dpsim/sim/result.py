@@ -176,38 +176,21 @@ def result_of_run(scheduler: Scheduler, world: SimWorld) -> SimResult:
     collectives = list(
         map(functools.partial, repeat(_records), dist.logs, repeat(signature))
     )
-    if waiting or events:
-        traces = tuple(
-            [
-                make_trace(
-                    rank,
-                    state,
-                    returned,
-                    error,
-                    waiting.get(rank),
-                    steps[rank],
-                    collectives[rank],
-                    events.get(rank, ()),
-                )
-                for rank, (state, returned, error) in enumerate(ends)
-            ]
-        )
-    else:  # every rank ended, and none recorded an event: most runs
-        traces = tuple(
-            [
-                make_trace(
-                    rank,
-                    state,
-                    returned,
-                    error,
-                    None,
-                    steps[rank],
-                    collectives[rank],
-                    (),
-                )
-                for rank, (state, returned, error) in enumerate(ends)
-            ]
-        )
+    traces = tuple(
+        [
+            make_trace(
+                rank,
+                state,
+                returned,
+                error,
+                waiting.get(rank),
+                steps[rank],
+                collectives[rank],
+                events.get(rank, ()),
+            )
+            for rank, (state, returned, error) in enumerate(ends)
+        ]
+    )
     return SimResult.judged(
         traces,
         tuple(scheduler.choices),
