@@ -5,18 +5,25 @@ on real releases."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from v1cascade import (
+    CASCADE_BRANCH_012,
+    DISPATCHER_012,
+    POLICY,
+    Mode,
+    api_taking,
+    cascade_step,
+    decodes,
+)
 
 from dpsim.check import CheckOptions, run_check
 from dpsim.properties import judge
-from dpsim.records.case import Case, RankBatch
-from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
+from dpsim.records.case import RankBatch
+from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.scenarios import run_case
 from dpsim.scenarios.expect_v1 import v1_choices
 from dpsim.scenarios.generate_v1 import (
@@ -26,32 +33,14 @@ from dpsim.scenarios.generate_v1 import (
     cascades,
 )
 from dpsim.targets import load_target
-from dpsim.targets.v1.api import V1API
 from dpsim.targets.v1.modelled import PARAMETERS as MODELLED_PARAMETERS
 
-POLICY = CapturePolicy(
-    capture_sizes=(1, 2, 4, 8, 16, 32),
-    cudagraph_mode="FULL_AND_PIECEWISE",
-    max_num_seqs=32,
-)
 TWO_WAY = Microbatching(
     num_ubatches=2, decode_token_threshold=1, prefill_token_threshold=1
 )
 CASCADING = V1CallerModel(
     dummy_of_decode_length=True, lora_counts=True, cascade_attn=True
 )
-
-
-def decodes(reqs: int, **extra: Any) -> RankBatch:
-    return RankBatch(
-        num_reqs=reqs,
-        num_tokens=reqs,
-        uniform_token_count=1,
-        max_query_len=1,
-        allow_ubatching=True,
-        kind="decode",
-        **extra,
-    )
 
 
 @pytest.mark.parametrize(
@@ -118,41 +107,14 @@ def test_a_batch_file_names_cascade_only_when_it_is_on() -> None:
     assert "cascade_attn=True" in repr(cascading)
 
 
-class _Caller:
-    def __init__(self, parameters: tuple[str, ...]) -> None:
-        self.parameters = parameters
-        self.ignored: tuple[str, ...] = ()
-
-    def invoke(self, state: Any, arguments: dict[str, Any]) -> tuple[Any, ...]:
-        raise AssertionError("not called")
-
-
-def _api(parameters: tuple[str, ...]) -> V1API:
-    return V1API(
-        caller=_Caller(parameters),
-        parameters=(),
-        agreement_fields=(),
-        descriptor_fields=(),
-        collective="all_reduce",
-        tensor_rows=None,
-        mode_enum=None,
-    )
-
-
 def test_the_flag_is_the_callers_use_cascade_attn_and_refused_without_it() -> None:
-    real = _api((*MODELLED_PARAMETERS, "use_cascade_attn"))
+    real = api_taking((*MODELLED_PARAMETERS, "use_cascade_attn"))
     assert real._arguments(decodes(8, cascade_attn=True))["use_cascade_attn"] is True
     assert real._arguments(decodes(8))["use_cascade_attn"] is False
     assert real.unsupported_input(decodes(8, cascade_attn=True)) is None
     # 0.11's modelled caller has no cascade attention: refused, not dropped.
-    modelled = _api(MODELLED_PARAMETERS)
+    modelled = api_taking(MODELLED_PARAMETERS)
     assert modelled.unsupported_input(decodes(8, cascade_attn=True)) == "cascade_attn"
-
-
-class Mode(enum.Enum):
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
 
 
 @dataclass(frozen=True)
@@ -202,11 +164,6 @@ def test_the_oracle_asks_0_12s_dispatcher_to_leave_full_out_for_cascade() -> Non
 
 # -- real releases ------------------------------------------------------------
 
-#: 0.12.0's dispatcher: ``if not use_cascade_attn:`` (the FULL lookups) and,
-#: when it is false, the PIECEWISE lookup next to it.
-DISPATCHER_012 = "v1/cudagraph_dispatcher.py"
-CASCADE_BRANCH_012 = (168, 179)
-
 
 @pytest.mark.release
 @pytest.mark.parametrize("profile", ["caller", "contract"])
@@ -243,17 +200,9 @@ def test_a_check_of_0_12_reaches_the_dispatchers_cascade_branch(profile: str) ->
     ]
 
 
-FULL_DECODES = CapturePolicy(
-    capture_sizes=(8, 16), cudagraph_mode="FULL_DECODE_ONLY", max_num_seqs=16
-)
 #: Two ranks decoding 16 requests each, the second with a common prefix its
 #: backend cascades: under FULL_DECODE_ONLY it has no graph to run.
-CASCADE_STEP = Case(
-    "step",
-    "caller",
-    FULL_DECODES,
-    ((decodes(16), decodes(16, cascade_attn=True)),),
-)
+CASCADE_STEP = cascade_step("caller")
 
 
 @pytest.mark.release

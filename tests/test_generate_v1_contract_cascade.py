@@ -6,7 +6,6 @@ as changing nothing where the method keeps the parameter but never reads it
 from __future__ import annotations
 
 import ast
-import enum
 import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,11 +14,18 @@ from typing import Any
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from v1cascade import (
+    POLICY,
+    Mode,
+    api_taking,
+    cascade_step,
+    decodes,
+)
 
 from dpsim.properties import judge
 from dpsim.properties.base import Evidence
-from dpsim.records.case import Case, RankBatch
-from dpsim.records.policy import CapturePolicy, CudagraphMode
+from dpsim.records.case import RankBatch
+from dpsim.records.policy import CudagraphMode
 from dpsim.scenarios import run_case
 from dpsim.scenarios.expect_v1 import v1_choices
 from dpsim.scenarios.generate_v1 import V1CallerModel, contract_batches
@@ -28,11 +34,6 @@ from dpsim.targets.v1.api import V1API
 from dpsim.targets.v1.caller import extract
 from dpsim.targets.v1.modelled import PARAMETERS as MODELLED_PARAMETERS
 
-POLICY = CapturePolicy(
-    capture_sizes=(1, 2, 4, 8, 16, 32),
-    cudagraph_mode="FULL_AND_PIECEWISE",
-    max_num_seqs=32,
-)
 TAKES = V1CallerModel(
     dummy_of_decode_length=True, lora_counts=True, takes_cascade_attn=True
 )
@@ -150,45 +151,18 @@ def test_a_parameter_the_method_never_reads_is_ignored(
     assert caller.ignored == ignored
 
 
-class _Caller:
-    def __init__(self, parameters: tuple[str, ...], ignored: tuple[str, ...]) -> None:
-        self.parameters = parameters
-        self.ignored = ignored
-
-    def invoke(self, state: Any, arguments: dict[str, Any]) -> tuple[Any, ...]:
-        raise AssertionError("not called")
-
-
-def _api(parameters: tuple[str, ...], ignored: tuple[str, ...] = ()) -> V1API:
-    return V1API(
-        caller=_Caller(parameters, ignored),
-        parameters=(),
-        agreement_fields=(),
-        descriptor_fields=(),
-        collective="all_reduce",
-        tensor_rows=None,
-        mode_enum=None,
-    )
-
-
 def test_an_ignored_cascade_flag_is_taken_but_not_read() -> None:
     parameters = (*MODELLED_PARAMETERS, "use_cascade_attn")
-    kept = _api(parameters, ignored=("use_cascade_attn",))
+    kept = api_taking(parameters, ignored=("use_cascade_attn",))
     # Passed on as the signature allows (vLLM ignores it), not refused.
     assert kept.has("cascade_attn") and not kept.reads("cascade_attn")
     assert kept.unsupported_input(decodes(8, cascade_attn=True)) is None
-    read = _api(parameters)
+    read = api_taking(parameters)
     assert read.has("cascade_attn") and read.reads("cascade_attn")
-    assert not _api(MODELLED_PARAMETERS).reads("cascade_attn")
+    assert not api_taking(MODELLED_PARAMETERS).reads("cascade_attn")
 
 
 # -- the oracle ---------------------------------------------------------------
-
-
-class Mode(enum.Enum):
-    NONE = 0
-    PIECEWISE = 1
-    FULL = 2
 
 
 @dataclass(frozen=True)
@@ -218,17 +192,6 @@ class Dispatcher:
         return Mode.PIECEWISE, Key(padded)
 
 
-def decodes(reqs: int, **extra: Any) -> RankBatch:
-    return RankBatch(
-        num_reqs=reqs,
-        num_tokens=reqs,
-        uniform_token_count=1,
-        max_query_len=1,
-        allow_ubatching=True,
-        **extra,
-    )
-
-
 def test_the_oracle_ignores_a_flag_the_caller_method_never_reads() -> None:
     one = [decodes(9), decodes(12, cascade_attn=True)]
     read = v1_choices(Dispatcher(), one, None, 1)
@@ -242,17 +205,9 @@ def test_the_oracle_ignores_a_flag_the_caller_method_never_reads() -> None:
 
 # -- real releases ------------------------------------------------------------
 
-FULL_DECODES = CapturePolicy(
-    capture_sizes=(8, 16), cudagraph_mode="FULL_DECODE_ONLY", max_num_seqs=16
-)
 #: Two ranks decoding 16 requests each, the second passing
 #: ``use_cascade_attn=True`` (a call only the contract makes from 0.32).
-CASCADE_STEP = Case(
-    "step",
-    "contract",
-    FULL_DECODES,
-    ((decodes(16), decodes(16, cascade_attn=True)),),
-)
+CASCADE_STEP = cascade_step("contract")
 
 
 @pytest.mark.release
