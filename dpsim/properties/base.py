@@ -11,7 +11,7 @@ what it asserts, why it matters and which upstream bug class it guards.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Protocol, cast
 
@@ -73,13 +73,26 @@ class Phase:
     name: str
     records: tuple[SyncRecord | None, ...]
 
-    @classmethod
-    def of(cls, name: str, records: tuple[SyncRecord | None, ...]) -> Phase:
-        """The phase, with what properties read of it worked out in one pass:
-        every judged run's phases are read by most properties, and a cached
-        property's first read costs more than working its value out."""
-        phase = cls(name, records)
-        known = phase.__dict__
+    #: Every rank made this call and it returned. With it, for a complete
+    #: phase, each rank's inputs, descriptor and agreement in rank order
+    #: (``all_inputs``, ``descriptors``, ``agreements``): most properties read
+    #: all three for every rank of every complete phase, so they are worked
+    #: out once, with the phase, in one pass over its records.
+    complete: bool = field(init=False, compare=False, repr=False)
+    all_inputs: tuple[RankBatch, ...] = field(init=False, compare=False, repr=False)
+    descriptors: tuple[Descriptor, ...] = field(init=False, compare=False, repr=False)
+    agreements: tuple[Agreement | None, ...] = field(
+        init=False, compare=False, repr=False
+    )
+    #: Some rank has tokens to run; some rank handed this call an earlier
+    #: agreement to reuse.
+    any_work: bool = field(init=False, compare=False, repr=False)
+    any_reused: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # A frozen dataclass refuses setattr; its __dict__ takes the values.
+        known = self.__dict__
+        records = self.records
         complete = known["complete"] = all(
             record is not None and not record.raised for record in records
         )
@@ -90,12 +103,14 @@ class Phase:
             known["agreements"] = tuple([record.agreement for record in returned])
             known["any_work"] = any(batch.num_tokens > 0 for batch in inputs)
             known["any_reused"] = any(record.reused for record in returned)
-        return phase
-
-    @cached_property
-    def complete(self) -> bool:
-        """Every rank made this call and it returned."""
-        return all(record is not None and not record.raised for record in self.records)
+        else:
+            known["any_work"] = any(
+                record is not None and record.inputs.num_tokens > 0
+                for record in records
+            )
+            known["any_reused"] = any(
+                record is not None and record.reused for record in records
+            )
 
     def inputs(self, rank: int) -> RankBatch:
         record = self.records[rank]
@@ -112,25 +127,6 @@ class Phase:
         assert record is not None
         return record.agreement
 
-    # Each rank's inputs, descriptor and agreement, in rank order, for a
-    # complete phase: most properties read all three for every rank of every
-    # complete phase, and one read of a record's field by the methods above
-    # cost about as much as comparing it.
-    @cached_property
-    def all_inputs(self) -> tuple[RankBatch, ...]:
-        """Each rank's inputs, in rank order (a complete phase's)."""
-        return tuple([self.inputs(rank) for rank in range(len(self.records))])
-
-    @cached_property
-    def descriptors(self) -> tuple[Descriptor, ...]:
-        """Each rank's descriptor, in rank order (a complete phase's)."""
-        return tuple([self.descriptor(rank) for rank in range(len(self.records))])
-
-    @cached_property
-    def agreements(self) -> tuple[Agreement | None, ...]:
-        """Each rank's agreement, in rank order (a complete phase's)."""
-        return tuple([self.agreement(rank) for rank in range(len(self.records))])
-
     @cached_property
     def agreements_differ(self) -> tuple[int, int] | None:
         """The first rank whose agreement differs from rank 0's, as (0, rank),
@@ -138,18 +134,6 @@ class Phase:
         ``agreed-values`` judges only phases without one, so it is compared
         once."""
         return first_difference(self.agreements)
-
-    @cached_property
-    def any_work(self) -> bool:
-        return any(
-            record is not None and record.inputs.num_tokens > 0
-            for record in self.records
-        )
-
-    @cached_property
-    def any_reused(self) -> bool:
-        """Some rank handed this call an earlier agreement to reuse."""
-        return any(record is not None and record.reused for record in self.records)
 
 
 class JudgedCase(Protocol):
@@ -196,9 +180,7 @@ class Evidence:
                 if slots is None:
                     slots = by_name[record.phase] = [None] * ranks
                 slots[trace.rank] = record
-        return tuple(
-            [Phase.of(name, tuple(records)) for name, records in by_name.items()]
-        )
+        return tuple([Phase(name, tuple(records)) for name, records in by_name.items()])
 
     @cached_property
     def expected(self) -> dict[str, tuple[Choice, ...]]:
