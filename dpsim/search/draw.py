@@ -73,12 +73,7 @@ class FastData(ConjectureData):
         forced: int | None = None,
         observe: bool = True,
     ) -> int:
-        if (
-            shrink_towards
-            or forced is not None
-            or not self.lean
-            or (observe and len(self.drawn) < len(self.replay))
-        ):
+        if shrink_towards or forced is not None or not self.lean:
             return super().draw_integer(
                 min_value,
                 max_value,
@@ -87,12 +82,27 @@ class FastData(ConjectureData):
                 forced=forced,
                 observe=observe,
             )
+        if observe:
+            return self._choose(min_value, max_value, weights)
+        # A weighted choice's outcome: drawn, never replayed or recorded.
+        return draw_integer(self, min_value, max_value, weights)
+
+    def _choose(
+        self,
+        min_value: int | None,
+        max_value: int | None,
+        weights: dict[int, float] | None,
+    ) -> int:
+        """An observed integer choice, neither forced nor shrinking towards
+        anything but 0: the one every ``sampled_from``, ``integers`` and
+        ``one_of`` makes, which :meth:`_draw_from` asks for directly."""
+        if not self.lean or len(self.drawn) < len(self.replay):
+            return super().draw_integer(min_value, max_value, weights=weights)
         # The commonest choice by far: drawn as the provider draws it, and
         # recorded as _draw records it, without building the constraints
         # dict (dpsim.search.integers).
         value = draw_integer(self, min_value, max_value, weights)
-        if observe:
-            self._record(value)
+        self._record(value)
         return value
 
     def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
@@ -122,7 +132,7 @@ class FastData(ConjectureData):
     def _record(self, value: Any) -> None:
         """Keep an observed choice, and overrun where the engine would: past
         this many bytes of choices it draws no case, so neither may this."""
-        self.length += choice_size(value)
+        self.length += _size(value)
         if self.length > BUFFER_SIZE:
             self.conclude_test(Status.OVERRUN)
         self.drawn.append(value)
@@ -167,17 +177,34 @@ class FastData(ConjectureData):
             self.conclude_test(Status.INVALID)
         self.depth += 1
         try:
-            elements = entry[2]
-            if elements is not None:
+            how, facts = entry[2], entry[3]
+            if how is _BY_INDEX:
                 # A sampled_from with no map or filter: what its do_draw
                 # comes to when its first index is accepted, as it always
                 # is without a filter (one index choice, that element).
-                return elements[self.draw_integer(0, len(elements) - 1)]
+                return facts[self._choose(0, len(facts) - 1, None)]
+            if how is _BY_BOUNDS:
+                # integers: the one choice its do_draw makes, with the
+                # bounds and weights it asked for when first drawn.
+                return self._choose(*facts)  # type: ignore[return-value]
+            if how is _BY_BRANCH:
+                return self._branch(facts)
             return entry[1].do_draw(self)
         finally:
             self.depth -= 1
             if self.depth == 1 and self.first_part is None:
                 self.first_part = len(self.drawn)
+
+    def _branch(self, branches: Sequence[SearchStrategy[T]]) -> T:
+        """What ``OneOfStrategy.do_draw`` does with these element
+        strategies (none of which can become empty mid-draw): draw the
+        branch's index from a sampled_from of them, one level down, then
+        the branch; a single branch is drawn without an index."""
+        if len(branches) == 1:
+            return self._draw_from(branches[0])
+        if self.depth >= MAX_DEPTH:
+            self.conclude_test(Status.INVALID)
+        return self._draw_from(branches[self._choose(0, len(branches) - 1, None)])
 
     def conclude_test(
         self,
@@ -193,6 +220,18 @@ class FastData(ConjectureData):
 #: entry stands), the value, and the buffer length its choices took.
 _FIRST_PARTS: dict[tuple[int, Choices], tuple[SearchStrategy[Any], Any, int]] = {}
 _FIRST_PARTS_MAX = 1024
+
+
+def _size(choice: Any) -> int:
+    """``choice_size(choice)``: the bytes Hypothesis' buffer counts for a
+    choice, worked out here for an integer of under 64 bits (nearly every
+    choice a case makes: a byte of metadata and as many bytes as the value
+    has whole bytes of bits, plus one), by Hypothesis otherwise."""
+    if type(choice) is int:
+        bits = choice.bit_length()
+        if bits < 64:
+            return 2 + bits // 8
+    return choice_size(choice)
 
 
 def _immutable(value: Any) -> bool:
@@ -219,24 +258,34 @@ INTEGERS = type(unwrap_strategies(integers(0, 1)))
 _PLAIN = frozenset((SAMPLED_FROM, JUST, INTEGERS))
 ONE_OF = type(one_of(just(False), just(True)))
 
-#: Strategies already validated and found not empty, by id, each with the
-#: strategy it unwraps to and, for a plain sampled_from with no map or
-#: filter, its elements. Hypothesis keeps the same facts on the strategy,
-#: but asking it costs a thread lookup, two property calls and an unwrap on
-#: every draw (about a quarter of a cached integer draw); a case draws some
-#: sixty times. The strategy is kept alongside so that its id cannot be
-#: reused while its entry stands.
-_READY: dict[
-    int, tuple[SearchStrategy[Any], SearchStrategy[Any], Sequence[Any] | None]
-] = {}
+#: How :meth:`FastData._draw_from` draws a ready strategy: by one index
+#: into its elements (a sampled_from with no map or filter), by one integer
+#: choice within its bounds (integers), by a branch of its elements
+#: (one_of), or through its own ``do_draw``. Each takes what Hypothesis'
+#: ``do_draw`` would take, without the calls in between (a case draws some
+#: sixty times, and those calls were a third of a draw).
+_BY_INDEX = "index"
+_BY_BOUNDS = "bounds"
+_BY_BRANCH = "branch"
+_BY_DO_DRAW = "do_draw"
+
+#: A ready strategy: the strategy (kept, so that its id cannot be reused
+#: while its entry stands), the strategy it unwraps to, how it is drawn and
+#: what that needs (the elements, the integer choice's arguments, the
+#: branches; None for do_draw).
+Entry = tuple[SearchStrategy[Any], SearchStrategy[Any], str, Any]
+
+#: Strategies already validated and found not empty, by id. Hypothesis
+#: keeps the same facts on the strategy, but asking it costs a thread
+#: lookup, two property calls and an unwrap on every draw (about a quarter
+#: of a cached integer draw).
+_READY: dict[int, Entry] = {}
 #: Entries kept at most: a step's palette is a new strategy every time, so
 #: the table is emptied when full rather than left to grow.
 _READY_MAX = 4096
 
 
-def _ready(
-    strategy: SearchStrategy[Any], data: FastData
-) -> tuple[SearchStrategy[Any], SearchStrategy[Any], Sequence[Any] | None]:
+def _ready(strategy: SearchStrategy[Any], data: FastData) -> Entry:
     """``strategy`` validated (what Hypothesis' own draw does first), and
     its ``_READY`` entry; an empty strategy ends the draw as invalid."""
     if _known_ready(strategy):
@@ -254,13 +303,66 @@ def _ready(
         if strategy.is_empty:
             data.conclude_test(Status.INVALID)
         target = unwrap_strategies(strategy)
-    elements = None
-    if type(target) is SAMPLED_FROM and not target._transformations:  # type: ignore[attr-defined]
-        elements = target.elements  # type: ignore[attr-defined]
+    how, facts = _how_drawn(target)
     if len(_READY) >= _READY_MAX:
         _READY.clear()
-    entry = _READY[id(strategy)] = (strategy, target, elements)
+    entry = _READY[id(strategy)] = (strategy, target, how, facts)
     return entry
+
+
+def _how_drawn(target: SearchStrategy[Any]) -> tuple[str, Any]:
+    """How :meth:`FastData._draw_from` draws ``target`` (an unwrapped,
+    validated strategy), and what that needs."""
+    kind = type(target)
+    if kind is SAMPLED_FROM and not target._transformations:  # type: ignore[attr-defined]
+        return _BY_INDEX, target.elements  # type: ignore[attr-defined]
+    if kind is INTEGERS:
+        asked = _integer_asked(target)
+        if asked is not None:
+            return _BY_BOUNDS, asked
+    if kind is ONE_OF:
+        branches = target.element_strategies  # type: ignore[attr-defined]
+        # A branch that can become empty mid-draw (a stateful Bundle) makes
+        # one_of filter its branches on every draw: left to its do_draw.
+        if all(
+            type(branch).is_currently_empty is SearchStrategy.is_currently_empty
+            for branch in branches
+        ):
+            return _BY_BRANCH, tuple(branches)
+    return _BY_DO_DRAW, None
+
+
+class _Asked:
+    """Stands in for the data object while an integers strategy's
+    ``do_draw`` makes its one choice, to keep what it asks for (its bounds,
+    and the weights it puts on their ends, built per draw by Hypothesis)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def draw_integer(self, *args: Any, **kwargs: Any) -> int:
+        self.calls.append((args, kwargs))
+        return 0
+
+
+def _integer_asked(
+    target: SearchStrategy[Any],
+) -> tuple[int | None, int | None, dict[int, float] | None] | None:
+    """The ``min_value``, ``max_value`` and ``weights`` that ``target``'s
+    ``do_draw`` draws its integer with, when that is all it does (one
+    choice, by keyword, nothing else); else None, and it is drawn through
+    ``do_draw``."""
+    asked = _Asked()
+    try:
+        target.do_draw(asked)  # type: ignore[arg-type]
+    except AttributeError:  # pragma: no cover - another Hypothesis' do_draw
+        return None
+    if len(asked.calls) != 1:  # pragma: no cover - another Hypothesis' do_draw
+        return None
+    args, kwargs = asked.calls[0]
+    if args or not kwargs.keys() <= {"min_value", "max_value", "weights"}:
+        return None  # pragma: no cover - another Hypothesis' do_draw
+    return kwargs.get("min_value"), kwargs.get("max_value"), kwargs.get("weights")
 
 
 def _known_ready(strategy: SearchStrategy[Any]) -> bool:
