@@ -9,6 +9,7 @@ diverge in the simulator the way they would on GPUs: a mismatch or a hang.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -241,22 +242,41 @@ def moe_collectives(
     """
     microbatches = max(num_ubatches, 1)
     if eager:
-        # torch.full: the same one-element tensor as torch.tensor([n]), in a
-        # third of the time (made on every eager forward of every rank); a
-        # count int32 cannot hold keeps torch.tensor's own refusal.
-        count = (
-            torch.full((1,), num_tokens, dtype=torch.int32)
-            if _INT32_MIN <= num_tokens <= _INT32_MAX
-            else torch.tensor([num_tokens], dtype=torch.int32)
-        )
-        gathered = torch.empty(group.size(), dtype=torch.int32)
+        count = _count_tensor(num_tokens)
+        gathered = _gather_buffer(group.size())
         for _ in range(microbatches):
             dist.all_gather_into_tensor(gathered, count, group=group)
         return
-    per_microbatch = -(-num_tokens // microbatches)
-    activations = torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
+    activations = _zero_activations(-(-num_tokens // microbatches))
     for _ in range(microbatches):
         dist.all_reduce(activations, group=group)
+
+
+# A forward's tensors, made once per value and shared by every rank and every
+# forward since: each made afresh cost about 10 k instructions, a third of
+# every forward's own work. Sharing cannot show: a count is only read (the
+# gather's input), a gather buffer only written (and never read), and the EP
+# group, which only these forwards use, only ever all-reduces zeros, so the
+# activations written back are zeros again. The traces keep the stacked
+# inputs and the results, which are the values they held when made afresh.
+@functools.lru_cache(maxsize=1024)
+def _count_tensor(num_tokens: int) -> torch.Tensor:
+    # torch.full: the same one-element tensor as torch.tensor([n]), in a
+    # third of the time; a count int32 cannot hold keeps torch.tensor's own
+    # refusal (raised, so never kept).
+    if _INT32_MIN <= num_tokens <= _INT32_MAX:
+        return torch.full((1,), num_tokens, dtype=torch.int32)
+    return torch.tensor([num_tokens], dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _gather_buffer(group_size: int) -> torch.Tensor:
+    return torch.empty(group_size, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_activations(per_microbatch: int) -> torch.Tensor:
+    return torch.zeros(per_microbatch, dtype=_FORWARD_DTYPE)
 
 
 @dataclass(frozen=True)

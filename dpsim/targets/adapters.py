@@ -98,22 +98,9 @@ class SyncAPI:
         self._refuse_unsupported(inputs, reuse)
         if self.entry == SYNC_ONLY:
             return self._call_sync_only(manager, inputs, dp_size, dp_rank)
-        kwargs: dict[str, Any] = {
-            name: getattr(inputs, name) for name in self._optional_taken
-        }
-        if "parallel_config" in self.parameters:
-            kwargs["parallel_config"] = parallel_config
-        if reuse is not None and self.reuse_parameter is not None:
-            kwargs[self.reuse_parameter] = reuse
-        return self._sync(
-            manager,
-            inputs.num_reqs,
-            inputs.num_tokens,
-            inputs.uniform_token_count,
-            dp_size,
-            dp_rank,
-            **kwargs,
-        )
+        # A reuse this sync cannot take was refused above.
+        caller = self._fresh_call if reuse is None else self._reusing_call
+        return caller(manager, inputs, dp_size, dp_rank, parallel_config, reuse)
 
     def _call_sync_only(
         self, manager: Any, inputs: SyncInputs, dp_size: int, dp_rank: int
@@ -164,6 +151,27 @@ class SyncAPI:
         return tuple(name for name in _OPTIONAL_INPUTS if name in self.parameters)
 
     @functools.cached_property
+    def _fresh_call(self) -> _Caller:
+        """The call of a sync that reuses no agreement (:func:`_caller`)."""
+        return _caller(self._sync, self._passed_by_name(reuse=False))
+
+    @functools.cached_property
+    def _reusing_call(self) -> _Caller:
+        """The call of a sync handed an agreement to reuse (:func:`_caller`)."""
+        return _caller(self._sync, self._passed_by_name(reuse=True))
+
+    def _passed_by_name(self, *, reuse: bool) -> tuple[tuple[str, str], ...]:
+        """(parameter, the caller's expression for it) for each argument passed
+        by name: the optional inputs this sync takes, then its
+        ``parallel_config``, then the agreement to reuse."""
+        passed = [(name, f"inputs.{name}") for name in self._optional_taken]
+        if "parallel_config" in self.parameters:
+            passed.append(("parallel_config", "parallel_config"))
+        if reuse and self.reuse_parameter is not None:
+            passed.append((self.reuse_parameter, "reuse"))
+        return tuple(passed)
+
+    @functools.cached_property
     def _optional_refused(self) -> tuple[tuple[str, Any], ...]:
         """The optional inputs this sync cannot take, with the default it
         assumes, in :data:`_OPTIONAL_INPUTS` order."""
@@ -181,6 +189,36 @@ class SyncAPI:
             raise ValueError(f"this version's sync takes no {name}")
         if reuse is not None and self.reuse_parameter is None:
             raise ValueError("this version's sync cannot reuse an agreement")
+
+
+#: ``(manager, inputs, dp_size, dp_rank, parallel_config, reuse)`` -> what
+#: the version's sync returned.
+_Caller = Callable[[Any, SyncInputs, int, int, Any, Any], tuple[Any, Any]]
+
+
+def _caller(sync: Callable[..., Any], by_name: tuple[tuple[str, str], ...]) -> _Caller:
+    """A function that calls ``sync`` with the dispatch-and-sync entry's four
+    leading arguments and ``dp_size, dp_rank`` by position, then ``by_name``'s
+    arguments by name, written out as source once per version and call form.
+
+    The same call as ``sync(*positional, **kwargs)`` with a dict built per
+    call, but one CPython 3.11 runs in the caller's own C eval loop: a call
+    through ``**`` goes through ``CALL_FUNCTION_EX`` and starts a second C eval
+    frame, which sits in every rank's C stack slice (464 of its 1,944 bytes)
+    that greenlet copies out and back at each switch made inside the sync.
+    The parameter names are the sync's own (read off its signature, so
+    identifiers) and the expressions this module's.
+    """
+    keywords = "".join(f", {name}={expression}" for name, expression in by_name)
+    source = (
+        "def call(manager, inputs, dp_size, dp_rank, parallel_config, reuse):\n"
+        "    return sync(manager, inputs.num_reqs, inputs.num_tokens,"
+        f" inputs.uniform_token_count, dp_size, dp_rank{keywords})\n"
+    )
+    namespace: dict[str, Any] = {"sync": sync}
+    exec(compile(source, f"<dpsim's call of {sync.__qualname__}>", "exec"), namespace)
+    call: _Caller = namespace["call"]
+    return call
 
 
 def adapt(dp_utils: ModuleType, cudagraph_utils: ModuleType, mode_enum: Any) -> SyncAPI:
