@@ -153,7 +153,7 @@ def token_counts(policy: CapturePolicy) -> st.SearchStrategy[int]:
 def _token_counts(capture_sizes: tuple[int, ...]) -> st.SearchStrategy[int]:
     largest = max(capture_sizes, default=8)
     edges = [*_edges_of(capture_sizes), largest + 1]
-    return st.one_of(st.sampled_from(edges), st.integers(1, 2 * largest + 2))
+    return st.one_of(st.sampled_from(edges), ints(1, 2 * largest + 2))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -310,7 +310,20 @@ def _caller_batches(
 ) -> BatchesOf:
     query_len = policy.decode_query_len
     max_reqs = policy.max_num_seqs
-    has = model.features.__contains__
+    # What this release's call takes, asked once per table, not per batch.
+    takes_loras, takes_query_bound, takes_need_eager, takes_skip_drafts = (
+        name in model.features
+        for name in (
+            "num_active_loras",
+            "max_query_len",
+            "need_eager",
+            "allow_skip_drafts",
+        )
+    )
+    allow_ubatching = (
+        "allow_ubatching" in model.features and policy.microbatching is not None
+    )
+    marks_uniform_decode = "uniform_decode" in model.features
     sizes = policy.capture_sizes
     tokens = token_counts(policy)
     # Batches are sized around an anchor: a capture size, where padding
@@ -325,7 +338,7 @@ def _caller_batches(
 
     def real_loras(draw: st.DrawFn, num_reqs: int) -> int:
         # Each active adapter serves at least one of the batch's requests.
-        return min(draw(loras), num_reqs) if has("num_active_loras") else 0
+        return min(draw(loras), num_reqs) if takes_loras else 0
 
     decode_requests = _decode_requests(sizes, max_reqs, query_len)
 
@@ -338,7 +351,7 @@ def _caller_batches(
             bound = None
         dummy = kind == "dummy"
         active = 0
-        if has("num_active_loras"):
+        if takes_loras:
             active = (
                 dummy_loras
                 if kind in ("dummy", "profile")
@@ -348,16 +361,16 @@ def _caller_batches(
             num_reqs=len(lengths),
             num_tokens=sum(lengths),
             uniform_token_count=uniform,
-            max_query_len=bound if has("max_query_len") else None,
+            max_query_len=bound if takes_query_bound else None,
             # Encoder-decoder steps with encoder inputs skip graphs on that rank.
             need_eager=(
-                draw(_ONE_IN_FOUR) if has("need_eager") and not dummy else False
+                draw(_ONE_IN_FOUR) if takes_need_eager and not dummy else False
             ),
             num_active_loras=active,
-            allow_ubatching=has("allow_ubatching") and policy.microbatching is not None,
-            uniform_decode=has("uniform_decode") and uniform == query_len,
+            allow_ubatching=allow_ubatching,
+            uniform_decode=marks_uniform_decode and uniform == query_len,
             allow_skip_drafts=(
-                draw(BOOLEANS) if has("allow_skip_drafts") and not dummy else False
+                draw(BOOLEANS) if takes_skip_drafts and not dummy else False
             ),
             kind=kind,
         )
@@ -516,12 +529,15 @@ def _decode_requests(
     """Request counts whose decodes reach the table's edges, or any count."""
     edges = _edges_of(capture_sizes)
     reach = sorted({max(1, min(max_reqs, -(-t // query_len))) for t in edges})
-    return st.one_of(st.sampled_from(reach), st.integers(1, max_reqs))
+    return st.one_of(st.sampled_from(reach), ints(1, max_reqs))
 
 
+@functools.lru_cache(maxsize=4096)
 def _decodes_near(
     anchor: int, capture_sizes: tuple[int, ...], max_reqs: int, query_len: int
 ) -> st.SearchStrategy[int]:
+    # Cached by anchor too: a decode rank asks for it every time, and most
+    # anchors recur (capture sizes), so the near counts need not be redone.
     near = requests_near(anchor, max_reqs, query_len)
     return _decodes_among(near, capture_sizes, max_reqs, query_len)
 
@@ -603,9 +619,9 @@ def active_loras(
     """Active LoRA counts: at most ``max_loras`` adapters are active in a
     batch; without it (the contract), any count up to the largest case."""
     if max_loras is not None:
-        return st.integers(0, max_loras)
+        return ints(0, max_loras)
     cases = policy.lora_capture_cases or (0,)
-    return st.integers(0, max(cases))
+    return ints(0, max(cases))
 
 
 #: How many shapes a step's palette has.

@@ -423,7 +423,7 @@ def contract_batches(
 @functools.lru_cache(maxsize=4096)
 def _requests_among(near: tuple[int, ...], max_reqs: int) -> st.SearchStrategy[int]:
     # Cached by value, not per policy: see dpsim.scenarios.generate.
-    return st.one_of(NEAR_REQUESTS(near), st.integers(1, max_reqs))
+    return st.one_of(NEAR_REQUESTS(near), ints(1, max_reqs))
 
 
 def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int]:
@@ -435,11 +435,7 @@ def _loras(model: V1CallerModel, policy: CapturePolicy) -> st.SearchStrategy[int
         return st.just(0)
     # At most max_loras adapters are active in a batch.
     most = settings[0]
-    return (
-        active_loras(policy, most)
-        if model.lora_counts
-        else st.integers(0, min(most, 1))
-    )
+    return active_loras(policy, most) if model.lora_counts else ints(0, min(most, 1))
 
 
 def cascades(batch: RankBatch) -> bool:
