@@ -6,7 +6,7 @@ import sys
 from typing import Any
 
 from dpsim.records.case import SyncInputs
-from dpsim.targets.adapters import DISPATCH_AND_SYNC, SyncAPI
+from dpsim.targets.adapters import DISPATCH_AND_SYNC, SyncAPI, dispatch, dispatcher
 
 
 def _api(parameters: tuple[str, ...], seen: list[Any]) -> SyncAPI:
@@ -78,3 +78,49 @@ def test_the_sync_is_called_from_python_not_through_a_star_star_call() -> None:
     caller = seen[0][2]
     assert caller.f_code is not SyncAPI.call.__code__
     assert caller.f_back.f_code is SyncAPI.call.__code__
+
+
+class _OldTable:
+    """A release's manager before LoRA counts and query bounds."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    def dispatch(
+        self, num_reqs: int, num_tokens: int, uniform_token_count: int | None
+    ) -> str:
+        self.asked.append((num_reqs, num_tokens, uniform_token_count))
+        return "old"
+
+
+class _NewTable:
+    """A release's manager that requires a LoRA count (0.24+)."""
+
+    def __init__(self) -> None:
+        self.asked: list[Any] = []
+
+    def dispatch(
+        self,
+        num_reqs: int,
+        num_tokens: int,
+        uniform_token_count: int | None,
+        num_active_loras: int,
+        max_query_len: int | None = None,
+    ) -> str:
+        self.asked.append(
+            (num_reqs, num_tokens, uniform_token_count, num_active_loras, max_query_len)
+        )
+        return "new"
+
+
+def test_a_dispatcher_passes_what_the_release_takes_and_a_required_lora_count() -> None:
+    old, new = _OldTable(), _NewTable()
+    for table in (old, new):
+        ask = dispatcher(table, "num_active_loras", "max_query_len")
+        ask(table, 2, 8, None, 1, 4)
+        dispatch(table, 2, 8, None, num_active_loras=1, max_query_len=4)
+        # Not given, but required from 0.24: 0, as a LoRA-free caller passes.
+        dispatcher(table, "max_query_len")(table, 3, 9, 3, 3)
+        dispatch(table, 3, 9, 3, max_query_len=3)
+    assert old.asked == [(2, 8, None)] * 2 + [(3, 9, 3)] * 2
+    assert new.asked == [(2, 8, None, 1, 4)] * 2 + [(3, 9, 3, 0, 3)] * 2

@@ -18,14 +18,14 @@ and is recorded as an ``expect`` event (an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from dpsim.records.case import RankBatch
 from dpsim.records.policy import CudagraphMode, Microbatching
 from dpsim.records.sync import Choice
-from dpsim.targets.adapters import describe, dispatch, plain_mode
+from dpsim.targets.adapters import describe, dispatcher, plain_mode
 
 
 def expected_split(batches: Sequence[RankBatch], settings: Microbatching | None) -> int:
@@ -79,21 +79,17 @@ def table_choices(
             _split_choice(manager, batch, agreed, smallest, parts, anyone_eager)
             for batch in step
         )
+    ask = dispatcher(manager, "num_active_loras", "max_query_len")
     if anyone_eager or any(
-        _alone(manager, batch) == CudagraphMode.NONE for batch in step
+        _alone(ask, manager, batch) == CudagraphMode.NONE for batch in step
     ):
         return tuple(
             _choice(CudagraphMode.NONE, batch.num_tokens, 1, agreed) for batch in step
         )
     return tuple(
         _described(
-            dispatch(
-                manager,
-                batch.num_reqs,
-                largest,
-                uniform,
-                num_active_loras=batch.num_active_loras,
-                max_query_len=bound,
+            ask(
+                manager, batch.num_reqs, largest, uniform, batch.num_active_loras, bound
             ),
             agreed,
         )
@@ -101,16 +97,18 @@ def table_choices(
     )
 
 
-def _alone(manager: Any, batch: RankBatch) -> CudagraphMode:
-    """The mode this rank's own batch gets from the table: its vote."""
+def _alone(ask: Callable[..., Any], manager: Any, batch: RankBatch) -> CudagraphMode:
+    """The mode this rank's own batch gets from the table: its vote (``ask``
+    is the table's :func:`~dpsim.targets.adapters.dispatcher` of LoRA count
+    and query bound)."""
     return plain_mode(
-        dispatch(
+        ask(
             manager,
             batch.num_reqs,
             batch.num_tokens,
             batch.uniform_token_count,
-            num_active_loras=batch.num_active_loras,
-            max_query_len=batch.max_query_len,
+            batch.num_active_loras,
+            batch.max_query_len,
         ).cg_mode
     )
 
@@ -128,14 +126,15 @@ def _split_choice(
     eager = _choice(CudagraphMode.NONE, agreed.largest, parts, agreed)
     if anyone_eager:
         return eager
+    ask = dispatcher(manager, "num_active_loras", "num_ubatches")
     graph = describe(
-        dispatch(
+        ask(
             manager,
             batch.num_reqs,
             agreed.largest,
             agreed.uniform,
-            num_active_loras=batch.num_active_loras,
-            num_ubatches=parts,
+            batch.num_active_loras,
+            parts,
         )
     )
     if graph.cg_mode == CudagraphMode.NONE or smallest <= (parts - 1) * (
