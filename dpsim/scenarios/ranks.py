@@ -111,12 +111,12 @@ def sync(
     ``solo`` makes the call inside vLLM's ``skip_dp_coordination()``: the rank
     answers alone, as if every rank had its batch (non-MoE DP, vLLM 24828).
     """
-    # Only a solo call needs the world here; record() finds it itself.
-    world = program_world() if solo else None
-    if world is not None:
+    world = program_world()
+    api = setting.target.api
+    if solo:
         world.set_skip_dp_coordination(True)
     try:
-        native_descriptor, native_agreement = setting.target.api.call(
+        native_descriptor, native_agreement = api.call(
             manager,
             batch,
             setting.dp_size,
@@ -132,12 +132,11 @@ def sync(
             solo=solo,
             error=f"{type(error).__name__}: {error}",
         )
-        record(SYNC_EVENT, raised.to_json())
+        world.record(SYNC_EVENT, raised.to_json())
         raise
     finally:
-        if world is not None:
+        if solo:
             world.set_skip_dp_coordination(False)
-    api = setting.target.api
     descriptor = api.describe(native_descriptor)
     returned = SyncRecord.returned(
         phase,
@@ -147,7 +146,7 @@ def sync(
         descriptor,
         api.agreement(native_agreement),
     )
-    record(SYNC_EVENT, returned.to_event())
+    world.record(SYNC_EVENT, returned.to_event())
     return descriptor, native_agreement
 
 

@@ -15,6 +15,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,9 @@ class SyncAPI:
 
     def unsupported_input(self, inputs: SyncInputs) -> str | None:
         """The first input set away from its default that this sync cannot take."""
+        read, defaults = self._refused_reading
+        if read(inputs) == defaults:
+            return None  # every sync of every rank: one C call, not a loop
         for name, default in self._optional_refused:
             if getattr(inputs, name) != default:
                 return name
@@ -182,6 +186,18 @@ class SyncAPI:
             # emulated, as the 0.18-0.19 model runner did
             and not (name == "need_eager" and self.entry == SYNC_ONLY)
         )
+
+    @functools.cached_property
+    def _refused_reading(self) -> tuple[Callable[[SyncInputs], Any], Any]:
+        """What reads the refused inputs' values at once, and their defaults
+        as it gives them (a tuple for several, one value for one)."""
+        names = tuple(name for name, _ in self._optional_refused)
+        defaults = tuple(default for _, default in self._optional_refused)
+        if not names:
+            return (lambda inputs: None), None
+        if len(names) == 1:
+            return operator.attrgetter(names[0]), defaults[0]
+        return operator.attrgetter(*names), defaults
 
     def _refuse_unsupported(self, inputs: SyncInputs, reuse: Any) -> None:
         name = self.unsupported_input(inputs)
@@ -393,23 +409,34 @@ def _parameters(unbound: Callable[..., Any]) -> frozenset[str]:
 def describe(native: Any) -> Descriptor:
     """A version's ``BatchExecutionDescriptor`` as plain values."""
     # Made for every sync of every rank and every expected choice: the mode
-    # by a lookup (the enum's own call for a name it may refuse) and the
-    # record without its per-field frozen sets.
+    # by a lookup (the enum's own call for a name it may refuse), each count
+    # through int() only when it is not one already (0.18-0.27 can hand back
+    # a 0-d tensor; int() of an int costs as much as the rest of a field),
+    # and the record without its per-field frozen sets.
+    mode = plain_mode(native.cg_mode)
+    num_tokens = native.num_tokens
+    num_reqs = native.num_reqs
+    uniform = getattr(native, "uniform_token_count", None)
+    bound = getattr(native, "max_query_len", None)
+    loras = getattr(native, "num_active_loras", 0)
+    parts = getattr(native, "num_ubatches", 1)
     return Descriptor.unchecked(
-        plain_mode(native.cg_mode),
-        int(native.num_tokens),
-        None if native.num_reqs is None else int(native.num_reqs),
-        _optional_int(getattr(native, "uniform_token_count", None)),
-        _optional_int(getattr(native, "max_query_len", None)),
-        int(getattr(native, "num_active_loras", 0)),
-        int(getattr(native, "num_ubatches", 1)),
+        mode,
+        num_tokens if type(num_tokens) is int else int(num_tokens),
+        num_reqs if num_reqs is None or type(num_reqs) is int else int(num_reqs),
+        uniform if uniform is None or type(uniform) is int else int(uniform),
+        bound if bound is None or type(bound) is int else int(bound),
+        loras if type(loras) is int else int(loras),
+        parts if type(parts) is int else int(parts),
     )
 
 
 def plain_mode(native: Any) -> CudagraphMode:
     """A release's own ``CUDAGraphMode`` member as dpsim's, by name (the
     enum's own call, which refuses an unknown name, only on a miss)."""
-    name = native.name
+    # _name_, the member's own attribute (the enum docs' sunder names):
+    # ``name`` reaches it through two Python calls.
+    name = native._name_
     return _MODE_NAMED.get(name) or CudagraphMode(name)
 
 
@@ -420,20 +447,34 @@ def agreement_of(native: Any) -> Agreement | None:
     """A version's agreement (``DPSyncState``, tensor or None) as plain values."""
     if native is None:
         return None
-    if not dataclasses.is_dataclass(native):
-        return Agreement(num_tokens_across_dp=tuple(map(int, native.tolist())))
+    # dataclasses.is_dataclass for an instance, without its call.
+    if not hasattr(type(native), "__dataclass_fields__"):
+        return Agreement(num_tokens_across_dp=_counts(native))
     return _state_agreement(native)
 
 
 def _state_agreement(state: Any) -> Agreement:
     skip_drafts = getattr(state, "skip_drafts", _ABSENT)
+    eager = state.eager
     return Agreement.unchecked(
-        tuple(map(int, state.num_tokens_across_dp.tolist())),
+        _counts(state.num_tokens_across_dp),
         _optional_int(state.uniform_token_count),
-        bool(state.eager),
+        eager if type(eager) is bool else bool(eager),
         _optional_int(getattr(state, "num_reqs", None)),
         None if skip_drafts is _ABSENT else bool(skip_drafts),
     )
+
+
+def _counts(tensor: Any) -> tuple[int, ...]:
+    """A release's per-rank counts tensor as a tuple of ints."""
+    values = tensor.tolist()
+    # One type throughout: a 1-d integer tensor's are ints already, and
+    # int() of each cost twice the tolist(). Anything else (bools, floats,
+    # nested lists, a 0-d tensor's one value) goes through map(int), which
+    # converts or refuses as it always did.
+    if type(values) is list and values and type(values[0]) is int:
+        return tuple(values)
+    return tuple(map(int, values))
 
 
 _ABSENT = object()
@@ -441,4 +482,4 @@ _ABSENT = object()
 
 def _optional_int(value: Any) -> int | None:
     # 0.18-0.27 can hand back a 0-d tensor where an int is meant.
-    return None if value is None else int(value)
+    return value if value is None or type(value) is int else int(value)
