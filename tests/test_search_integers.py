@@ -30,6 +30,12 @@ BOUNDS = [
     (0, 7),
     (-5, 5),
     (3, 200),
+    # The distribution's uniform middle, to its edges and across them.
+    (-255, 255),
+    (255, 255),
+    (-256, 0),
+    (250, 260),
+    (-300, -250),
     (0, 2**16),
     (-(10**9), 10**9),
     (None, None),

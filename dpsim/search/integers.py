@@ -30,7 +30,9 @@ from dpsim.search.internals import (
     INTEGERS_DISTRIBUTION,
     ConjectureData,
     HypothesisProvider,
+    PiecewiseDistribution,
     Sampler,
+    UniformDistribution,
     choice_constraints_key,
 )
 
@@ -39,6 +41,42 @@ CONSTANT_CHANCE = 0.05
 
 #: Whether this Hypothesis' provider is the one :func:`draw_integer` follows.
 _CHECKED = hypothesis.__version__ in CHECKED_ON
+
+
+class _Middle(NamedTuple):
+    """The integer distribution's uniform middle (within ``switchover`` of
+    0), where its inverse CDF is two lines of arithmetic: what
+    ``PiecewiseDistribution.inverse_cdf`` and ``UniformDistribution.inverse_cdf``
+    compute there, with the same operands in the same order."""
+
+    switchover: float
+    left_mass: float
+    inner_g_neg: float
+    beta: float
+    half_width: float
+
+
+def _middle_of(distribution: object) -> _Middle | None:
+    """``distribution``'s uniform middle, when it is the piecewise
+    distribution with a uniform inside that the provider uses."""
+    if type(distribution) is not PiecewiseDistribution:
+        return None  # pragma: no cover - another Hypothesis
+    inner = distribution.inner
+    if type(inner) is not UniformDistribution:
+        return None  # pragma: no cover - another Hypothesis
+    return _Middle(
+        distribution.switchover,
+        distribution._left_mass,
+        distribution._inner_g_neg,
+        distribution._beta,
+        inner.half_width,
+    )
+
+
+_MIDDLE = _middle_of(INTEGERS_DISTRIBUTION)
+# As module names, read on every choice (cheaper than a tuple's fields); no
+# choice uses them without _MIDDLE.
+_SWITCHOVER, _LEFT_MASS, _INNER_G_NEG, _BETA, _HALF_WIDTH = _MIDDLE or (0, 0, 0, 1, 0)
 
 
 def lean(provider: object) -> bool:
@@ -67,6 +105,11 @@ class _Bounds(NamedTuple):
     #: unweighted distribution; the others: the weighted values, in order).
     sampler: Sampler | None
     weighted: tuple[int, ...]
+    #: Whether both bounds lie in the distribution's uniform middle, so that
+    #: every point sampled between their CDF values maps back through it
+    #: (most choices: indices and counts); the switchover's margin, half a
+    #: value's width of CDF, is far wider than any rounding of the point.
+    middle: bool
 
 
 #: Bounds seen, by (min_value, max_value) and the weights' items in order.
@@ -92,27 +135,34 @@ def draw_integer(
     bounds = _BOUNDS.get(key)
     if bounds is None:
         bounds = _bounds(key, min_value, max_value, weights)
+    # Unpacked once: a named field costs a descriptor call per read.
+    low, high, cdf_low, cdf_width, safe, constraints, sampler, weighted, middle = bounds
     random = data._random
     assert random is not None
     if random.random() <= CONSTANT_CHANCE:
-        constant = _constant(data.provider, random, bounds.constraints)  # type: ignore[arg-type]
+        constant = _constant(data.provider, random, constraints)  # type: ignore[arg-type]
         if constant is not None:
             return constant
-    if bounds.sampler is not None:
-        outcome = bounds.sampler.sample(data)
+    if sampler is not None:
+        outcome = sampler.sample(data)
         if outcome:
-            return bounds.weighted[outcome - 1]
-    if not bounds.safe:
-        return random.randint(bounds.low, bounds.high)
+            return weighted[outcome - 1]
+    if not safe:
+        return random.randint(low, high)
     # The provider resamples until 0 < p < 1, which inverse_cdf requires.
-    while (p := bounds.cdf_low + random.random() * bounds.cdf_width) in {0, 1}:
+    while (p := cdf_low + random.random() * cdf_width) in {0, 1}:
         pass  # pragma: no cover
-    value = round(INTEGERS_DISTRIBUTION.inverse_cdf(p))
+    if middle:
+        # INTEGERS_DISTRIBUTION.inverse_cdf(p) inside its middle, inline.
+        target = _INNER_G_NEG + (p - _LEFT_MASS) / _BETA
+        value = round(-_HALF_WIDTH + 2 * _HALF_WIDTH * target)
+    else:
+        value = round(INTEGERS_DISTRIBUTION.inverse_cdf(p))
     # The provider clamps too, not trusting the distribution's rounding.
-    if value < bounds.low:
-        return bounds.low
-    if value > bounds.high:
-        return bounds.high
+    if value < low:
+        return low
+    if value > high:
+        return high
     return value
 
 
@@ -160,6 +210,12 @@ def _bounds(
         # The provider's floor on the width it samples within.
         if cdf_high - cdf_low < 1e-13:
             safe = False
+    middle = (
+        safe
+        and _MIDDLE is not None
+        and min_value > -_SWITCHOVER
+        and max_value < _SWITCHOVER
+    )
     bounds = _Bounds(
         min_value,
         max_value,
@@ -169,6 +225,7 @@ def _bounds(
         constraints,
         sampler,
         tuple(weights or ()),
+        middle,
     )
     if len(_BOUNDS) >= _BOUNDS_MAX:
         _BOUNDS.clear()

@@ -34,12 +34,20 @@ try:
         choice_permitted,
         choice_size,
     )
-    from hypothesis.internal.conjecture.data import MAX_DEPTH, ConjectureData, Status
+    from hypothesis.internal.conjecture.data import (
+        MAX_DEPTH,
+        ConjectureData,
+        DataObserver,
+        SpanRecord,
+        Status,
+    )
+    from hypothesis.internal.conjecture.data import threadlocal as DATA_THREADLOCAL
     from hypothesis.internal.conjecture.engine import (
         BUFFER_SIZE,
         ConjectureRunner,
         RunIsComplete,
     )
+    from hypothesis.internal.conjecture.junkdrawer import gc_cumulative_time
     from hypothesis.internal.conjecture.providers import (
         CONSTANTS_CACHE,
         GLOBAL_CONSTANTS,
@@ -50,6 +58,11 @@ try:
     from hypothesis.internal.conjecture.shrinking.choicetree import Chooser
     from hypothesis.internal.conjecture.utils import Sampler
     from hypothesis.internal.escalation import InterestingOrigin
+    from hypothesis.internal.observability import PredicateCounts
+    from hypothesis.internal.statistics import (
+        PiecewiseDistribution,
+        UniformDistribution,
+    )
     from hypothesis.strategies._internal.lazy import unwrap_strategies
 except ImportError as error:  # pragma: no cover - depends on the installed version
     raise UsageError(
@@ -62,6 +75,7 @@ __all__ = [
     "BUFFER_SIZE",
     "CHECKED_ON",
     "CONSTANTS_CACHE",
+    "DATA_THREADLOCAL",
     "GLOBAL_CONSTANTS",
     "INTEGERS_DISTRIBUTION",
     "MAX_DEPTH",
@@ -69,19 +83,25 @@ __all__ = [
     "Chooser",
     "ConjectureData",
     "ConjectureRunner",
+    "DataObserver",
     "HypothesisProvider",
     "InterestingOrigin",
+    "PiecewiseDistribution",
+    "PredicateCounts",
     "RunIsComplete",
     "Sampler",
     "ShrinkPass",
     "Shrinker",
+    "SpanRecord",
     "Status",
     "StopTest",
+    "UniformDistribution",
     "choice_constraints_key",
     "choice_from_index",
     "choice_permitted",
     "choice_size",
     "choices_from_bytes",
     "choices_to_bytes",
+    "gc_cumulative_time",
     "unwrap_strategies",
 ]
