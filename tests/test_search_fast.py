@@ -28,8 +28,8 @@ from dpsim.search.draw import (
     JUST,
     ONE_OF,
     SAMPLED_FROM,
+    FastData,
     _known_ready,
-    _size,
     context,
     draw,
 )
@@ -140,8 +140,11 @@ def test_a_choice_counts_the_bytes_hypothesis_counts_for_it() -> None:
         for delta in (-1, 0, 1)
         for sign in (1, -1)
     ]
+    data = FastData(Random(0))
     for choice in [*integers, True, False, 0.5, "abc", "\u00e9", b"xy"]:
-        assert _size(choice) == choice_size(choice), choice
+        before = data.length
+        data._record(choice)
+        assert data.length - before == choice_size(choice), choice
 
 
 def test_a_draw_past_hypothesis_buffer_is_rejected_as_it_would_overrun() -> None:

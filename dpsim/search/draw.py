@@ -21,6 +21,7 @@ from typing import Any, NoReturn, TypeVar
 from hypothesis.errors import UnsatisfiedAssumption
 from hypothesis.strategies import SearchStrategy, integers, just, one_of, sampled_from
 
+from dpsim.search import blank
 from dpsim.search.integers import draw_integer, lean
 from dpsim.search.internals import (
     BUFFER_SIZE,
@@ -54,7 +55,11 @@ class FastData(ConjectureData):
     """
 
     def __init__(self, random: Random, replay: Choices = ()) -> None:
-        super().__init__(random=random)
+        if blank.READY:
+            # What ConjectureData.__init__ sets, from constants made once.
+            blank.fill(self, random)
+        else:
+            super().__init__(random=random)  # pragma: no cover - another Hypothesis
         self.drawn: list[Any] = []
         self.replay = replay
         #: How many choices the first draw nested in the top-level one took
@@ -132,7 +137,13 @@ class FastData(ConjectureData):
     def _record(self, value: Any) -> None:
         """Keep an observed choice, and overrun where the engine would: past
         this many bytes of choices it draws no case, so neither may this."""
-        self.length += _size(value)
+        # Hypothesis' choice_size, worked out here for an integer of under
+        # 64 bits (nearly every choice: a byte of metadata, and a byte of
+        # size plus the value's whole bytes of bits).
+        if type(value) is int and (bits := value.bit_length()) < 64:
+            self.length += 2 + bits // 8
+        else:
+            self.length += choice_size(value)
         if self.length > BUFFER_SIZE:
             self.conclude_test(Status.OVERRUN)
         self.drawn.append(value)
@@ -220,18 +231,6 @@ class FastData(ConjectureData):
 #: entry stands), the value, and the buffer length its choices took.
 _FIRST_PARTS: dict[tuple[int, Choices], tuple[SearchStrategy[Any], Any, int]] = {}
 _FIRST_PARTS_MAX = 1024
-
-
-def _size(choice: Any) -> int:
-    """``choice_size(choice)``: the bytes Hypothesis' buffer counts for a
-    choice, worked out here for an integer of under 64 bits (nearly every
-    choice a case makes: a byte of metadata and as many bytes as the value
-    has whole bytes of bits, plus one), by Hypothesis otherwise."""
-    if type(choice) is int:
-        bits = choice.bit_length()
-        if bits < 64:
-            return 2 + bits // 8
-    return choice_size(choice)
 
 
 def _immutable(value: Any) -> bool:
