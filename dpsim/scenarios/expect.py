@@ -63,10 +63,11 @@ def table_choices(
     """Each rank's expected (cg_mode, num_tokens, num_ubatches), with what the
     ranks agreed; None where there is nothing to judge (no manager: a profile
     run; no work anywhere: the ``idle`` property's domain)."""
-    if manager is None or not any(batch.num_tokens for batch in step):
+    tokens = [batch.num_tokens for batch in step]
+    if manager is None or not any(tokens):
         return None
-    largest = max(batch.num_tokens for batch in step)
-    smallest = min(batch.num_tokens for batch in step)
+    largest = max(tokens)
+    smallest = min(tokens)
     uniforms = {batch.uniform_token_count for batch in step}
     uniform = uniforms.pop() if len(uniforms) == 1 else None
     bounds = [batch.max_query_len for batch in step]
@@ -83,8 +84,10 @@ def table_choices(
     if anyone_eager or any(
         _alone(ask, manager, batch) == CudagraphMode.NONE for batch in step
     ):
+        none = CudagraphMode.NONE
         return tuple(
-            _choice(CudagraphMode.NONE, batch.num_tokens, 1, agreed) for batch in step
+            Choice.unchecked(none, count, 1, largest, uniform, bound)
+            for count in tokens
         )
     return tuple(
         _described(
@@ -145,13 +148,18 @@ def _split_choice(
 
 
 def _described(native: Any, agreed: _Agreed) -> Choice:
-    # Read as describe() reads them, without the whole descriptor: one per
-    # rank per judged step.
-    return _choice(
-        plain_mode(native.cg_mode),
-        int(native.num_tokens),
-        int(getattr(native, "num_ubatches", 1)),
-        agreed,
+    # Read as describe() reads them, without the whole descriptor (int()
+    # only of what is not an int already): one per rank per judged step.
+    mode = plain_mode(native.cg_mode)
+    tokens = native.num_tokens
+    parts = getattr(native, "num_ubatches", 1)
+    return Choice.unchecked(
+        mode,
+        tokens if type(tokens) is int else int(tokens),
+        parts if type(parts) is int else int(parts),
+        agreed.largest,
+        agreed.uniform,
+        agreed.bound,
     )
 
 

@@ -168,8 +168,9 @@ def expect(
     """What a correct sync would choose for ``step``, worked out once (on rank
     0) and recorded for ``phase`` now; the returned function records it for a
     later phase over the same step (a solo repeat) without working it out again."""
-    choices = None
-    if rank == 0 and setting.target.runner == "v1":
+    if rank != 0:
+        return _record_nothing  # every other rank, every step
+    if setting.target.runner == "v1":
         api = setting.target.api
         choices = v1_choices(
             manager,
@@ -178,7 +179,7 @@ def expect(
             policy.decode_query_len,
             cascade_read=isinstance(api, V1API) and api.reads("cascade_attn"),
         )
-    elif rank == 0:
+    else:
         choices = table_choices(manager, step, policy.microbatching)
 
     def record_for(phase: str) -> None:
@@ -187,6 +188,10 @@ def expect(
 
     record_for(phase)
     return record_for
+
+
+def _record_nothing(phase: str) -> None:
+    """What :func:`expect` returns on a rank that works nothing out."""
 
 
 def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:
