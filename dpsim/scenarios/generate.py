@@ -329,9 +329,8 @@ def _caller_batches(
     # Batches are sized around an anchor: a capture size, where padding
     # flips, or a microbatching threshold, where splitting does.
     anchors = anchors_of(tuple(sorted({*sizes, *_thresholds(policy)})), sizes)
-    loras = active_loras(policy, model.rules.max_loras(policy.lora_capture_cases))
-    # vLLM's dummy and profile runs pass their own LoRA count, not a draw.
-    dummy_loras = model.rules.dummy_batch_loras(policy.lora_capture_cases)
+    max_loras, dummy_loras = _lora_counts(model.rules, policy.lora_capture_cases)
+    loras = active_loras(policy, max_loras)
     decode_threshold = (
         policy.microbatching.decode_token_threshold if policy.microbatching else 0
     )
@@ -394,9 +393,10 @@ def _caller_batches(
     split_anchors = sampled(tuple(graph_sizes)) if graph_sizes else anchors
     shorter_lengths = ints(1, query_len - 1) if query_len > 1 else None
     mix_choice = sampled(mixes)
+    kind_choices = {kinds: sampled(kinds) for kinds in mixes}
 
     def one_rank(draw: st.DrawFn, kinds: tuple[str, ...], anchor: int) -> RankBatch:
-        kind = draw(sampled(kinds))
+        kind = draw(kind_choices[kinds])
         if kind == "dummy":
             # An idle rank runs vLLM's dummy batch: one request of one decode.
             return finish([query_len], False, kind, draw)
@@ -460,6 +460,17 @@ def _caller_batches(
         return batches
 
     return profile_step if scenario == "profile" else step
+
+
+@functools.lru_cache(maxsize=256)
+def _lora_counts(
+    rules: BuildRules, cases: tuple[int, ...] | None
+) -> tuple[int | None, int]:
+    """The ``max_loras`` a table's LoRA cases come from, and the LoRA count
+    vLLM's dummy and profile runs pass (their own, not a draw), by the
+    cases: few cases recur across tables, and each new table asked the
+    release's helpers for up to 64 LoRA configurations twice."""
+    return rules.max_loras(cases), rules.dummy_batch_loras(cases)
 
 
 @functools.lru_cache(maxsize=512)
