@@ -24,10 +24,9 @@ padded counts) is judged against the votes by ``graph-choice``,
 
 from __future__ import annotations
 
-from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Agreement
 
-from .base import Evidence, Phase, Property, Verdict
+from .base import EAGER, FULL_GRAPH, Evidence, Phase, Property, Verdict
 
 NAME = "agreed-values"
 
@@ -58,15 +57,13 @@ def _wrong_value(phase: Phase, agreement: Agreement) -> str | None:
             f"agreed uniform length {agreement.uniform_token_count}, but the ranks "
             f"passed {[batch.uniform_token_count for batch in inputs]}"
         )
-    if agreement.eager and any(d.cg_mode != CudagraphMode.NONE for d in descriptors):
-        graph = next(d for d in descriptors if d.cg_mode != CudagraphMode.NONE)
+    if agreement.eager and any(d.cg_mode != EAGER for d in descriptors):
+        graph = next(d for d in descriptors if d.cg_mode != EAGER)
         return f"agreed eager, but a rank replays a {graph.cg_mode} graph"
     if agreement.num_reqs is not None:
         most = max(batch.num_reqs for batch in inputs)
         padded = {
-            d.num_reqs
-            for d in descriptors
-            if d.cg_mode == CudagraphMode.FULL and d.num_reqs
+            d.num_reqs for d in descriptors if d.cg_mode == FULL_GRAPH and d.num_reqs
         }
         allowed = {most} | (padded if len(padded) == 1 else set())
         if agreement.num_reqs not in allowed or agreement.num_reqs < most:

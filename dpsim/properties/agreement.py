@@ -21,10 +21,9 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Agreement
 
-from .base import Evidence, Property, Verdict, first_difference
+from .base import EAGER, Evidence, Property, Verdict, first_difference
 
 NAME = "agreement"
 
@@ -49,9 +48,7 @@ def judge(evidence: Evidence) -> Verdict | None:
         eager = (
             agreed.eager
             if agreed is not None and agreed.eager is not None
-            else all(
-                descriptor.cg_mode == CudagraphMode.NONE for descriptor in descriptors
-            )
+            else all(descriptor.cg_mode == EAGER for descriptor in descriptors)
         )
         if eager:
             continue

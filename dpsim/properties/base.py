@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, Protocol, cast
+from typing import Any, Final, Generic, Protocol, Self, TypeVar, cast, overload
 
 from dpsim.records.case import RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
-from dpsim.records.policy import CapturePolicy
+from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.records.sync import (
     RUNNER_EVENT,
     Agreement,
@@ -31,6 +30,41 @@ from dpsim.records.trace import RankTrace, SimResult
 from dpsim.terminal import printable
 
 DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
+#: The modes properties compare descriptors with, read once: reading a
+#: member off its enum class costs about a function call on Python 3.11, and
+#: properties compare a mode for every rank of every phase.
+EAGER: Final = CudagraphMode.NONE
+FULL_GRAPH: Final = CudagraphMode.FULL
+
+_Owner = TypeVar("_Owner")
+_Value = TypeVar("_Value")
+
+
+class _once(Generic[_Owner, _Value]):
+    """``functools.cached_property`` without the lock Python 3.11's takes on
+    every first read (3.12 dropped it): worked out on first read, then kept
+    in the instance's ``__dict__``, where later reads find it first.
+
+    Every judged run reads several of these once each, and 3.11's lock made
+    each first read cost about as much as building a phase.
+    """
+
+    def __init__(self, make: Callable[[_Owner], _Value]) -> None:
+        self.make = make
+        self.name = make.__name__
+        self.__doc__ = make.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: _Owner, owner: type[Any] | None = None) -> _Value: ...
+    def __get__(
+        self, instance: _Owner | None, owner: type[Any] | None = None
+    ) -> _Value | Self:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.make(instance)
+        return value
 
 
 @dataclass(frozen=True)
@@ -127,13 +161,28 @@ class Phase:
         assert record is not None
         return record.agreement
 
-    @cached_property
+    @_once
     def agreements_differ(self) -> tuple[int, int] | None:
         """The first rank whose agreement differs from rank 0's, as (0, rank),
         or None (a complete phase's): ``agreement`` reports it and
         ``agreed-values`` judges only phases without one, so it is compared
         once."""
-        return first_difference(self.agreements)
+        agreements = self.agreements
+        first = agreements[0]
+        if first is not None:
+            # Compared field by field by their __dict__s, in one C call: the
+            # dataclass __eq__ builds two tuples per comparison, and this is
+            # the judge's most frequent one. Equal __dict__s of one class mean
+            # equal fields; anything else is left to __eq__.
+            known = first.__dict__
+            kind = type(first)
+            for rank, agreement in enumerate(agreements):
+                if type(agreement) is kind and agreement.__dict__ == known:
+                    continue
+                if agreement != first:
+                    return 0, rank
+            return None
+        return first_difference(agreements)
 
 
 class JudgedCase(Protocol):
@@ -155,7 +204,7 @@ class Evidence:
     case: JudgedCase
     result: SimResult
 
-    @cached_property
+    @_once
     def runner(self) -> str:
         """The model runner whose sync made this trace: "v1" or "v2"."""
         for trace in self.result.ranks:
@@ -164,13 +213,13 @@ class Evidence:
                     return str(event.payload["runner"])
         return "v2"
 
-    @cached_property
+    @_once
     def syncs(self) -> tuple[tuple[tuple[int, SyncRecord], ...], ...]:
         """Per rank, each sync it recorded, read off its trace once, with how
         many collectives it had entered before the record."""
         return tuple(tuple(recorded_syncs(trace.events)) for trace in self.result.ranks)
 
-    @cached_property
+    @_once
     def phases(self) -> tuple[Phase, ...]:
         ranks = len(self.result.ranks)
         by_name: dict[str, list[SyncRecord | None]] = {}
@@ -182,7 +231,7 @@ class Evidence:
                 slots[trace.rank] = record
         return tuple([Phase(name, tuple(records)) for name, records in by_name.items()])
 
-    @cached_property
+    @_once
     def expected(self) -> dict[str, tuple[Choice, ...]]:
         """Per phase, what a correct sync would choose on each rank (the
         scenario's oracle, :mod:`dpsim.scenarios.expect`), where recorded."""
@@ -192,7 +241,7 @@ class Evidence:
             for record in expect_records(trace.events)
         }
 
-    @cached_property
+    @_once
     def complete_phases(self) -> tuple[Phase, ...]:
         # Read by most properties of every judged run: worked out once.
         return tuple(phase for phase in self.phases if phase.complete)

@@ -26,11 +26,10 @@ no query-length bound.
 from __future__ import annotations
 
 from dpsim.records.case import RankBatch, SyncInputs
-from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Descriptor
 from dpsim.scenarios.expect_v1 import longest_request
 
-from .base import Evidence, Property, Verdict
+from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "coverage"
 
@@ -53,7 +52,7 @@ def shortfall(
         return f"{descriptor.num_tokens} tokens < the batch's {batch.num_tokens}"
     if descriptor.num_reqs is not None and descriptor.num_reqs < batch.num_reqs:
         return f"{descriptor.num_reqs} requests < the batch's {batch.num_reqs}"
-    if descriptor.cg_mode == CudagraphMode.NONE:
+    if descriptor.cg_mode == EAGER:
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
         # padded"), except tokens, to split microbatches evenly.
         split = descriptor.num_ubatches > 1

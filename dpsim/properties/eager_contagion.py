@@ -16,9 +16,7 @@ is what should carry one rank's eager to all (0.12 synced no mode).
 
 from __future__ import annotations
 
-from dpsim.records.policy import CudagraphMode
-
-from .base import Evidence, Property, Verdict
+from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "eager-contagion"
 
@@ -28,7 +26,7 @@ def judge(evidence: Evidence) -> Verdict | None:
         if not phase.any_work:
             continue
         ranks = range(len(phase.records))
-        eager = [d.cg_mode == CudagraphMode.NONE for d in phase.descriptors]
+        eager = [d.cg_mode == EAGER for d in phase.descriptors]
         asked = [batch.need_eager for batch in phase.all_inputs]
         if all(eager) or not (any(eager) or any(asked)):
             continue

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dpsim.records.policy import CudagraphMode
 from dpsim.records.sync import Choice
 
-from .base import Evidence, Property, Verdict
+from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "graph-choice"
 #: Less is cheaper to get wrong: a rank may not fall to a lower mode.
@@ -59,22 +59,24 @@ def judge(evidence: Evidence) -> Verdict | None:
         descriptors = phase.descriptors
         for rank, choice in enumerate(choices):
             ran = descriptors[rank]
-            got = (ran.cg_mode, ran.num_tokens, ran.num_ubatches or 1)
-            wanted = (choice.cg_mode, choice.num_tokens, choice.num_ubatches)
-            if got[2] != wanted[2]:
+            parts = ran.num_ubatches or 1
+            if parts != choice.num_ubatches:
                 continue  # the safety properties' to judge
-            if wanted[0] == CudagraphMode.NONE and not (
-                v1 and got[0] == CudagraphMode.NONE
-            ):
+            mode, wanted = ran.cg_mode, choice.cg_mode
+            if wanted == EAGER and not (v1 and mode == EAGER):
                 continue  # the safety properties' to judge
-            downgraded = _RANK[got[0]] < _RANK[wanted[0]]
-            if downgraded or got[1] > wanted[1]:
+            # Ranked only when the modes differ: hashing a mode runs the
+            # enum's Python __hash__, and a mode is no lower than itself.
+            downgraded = mode != wanted and _RANK[mode] < _RANK[wanted]
+            if downgraded or ran.num_tokens > choice.num_tokens:
+                got = _shape(mode, ran.num_tokens, parts)
                 return Verdict(
                     NAME,
                     phase.name,
                     (rank,),
-                    f"rank {rank} runs {_shape(*got)}, but the agreed batch "
-                    f"({_agreed(choice)}) calls for {_shape(*wanted)}",
+                    f"rank {rank} runs {got}, but the agreed batch "
+                    f"({_agreed(choice)}) calls for "
+                    f"{_shape(wanted, choice.num_tokens, choice.num_ubatches)}",
                 )
     return None
 

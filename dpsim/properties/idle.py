@@ -19,9 +19,7 @@ there is no skip to judge; ``no-hang`` judges that every rank joins.
 
 from __future__ import annotations
 
-from dpsim.records.policy import CudagraphMode
-
-from .base import Evidence, Property, Verdict
+from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "idle"
 
@@ -29,14 +27,11 @@ NAME = "idle"
 def judge(evidence: Evidence) -> Verdict | None:
     dp_size = evidence.case.dp_size
     for phase in evidence.complete_phases:
-        ranks = range(len(phase.records))
         if not phase.any_work:
-            for rank in ranks:
-                descriptor = phase.descriptor(rank)
-                if (
-                    descriptor.cg_mode != CudagraphMode.NONE
-                    or descriptor.num_tokens != 0
-                ):
+            for rank, (descriptor, agreement) in enumerate(
+                zip(phase.descriptors, phase.agreements, strict=True)
+            ):
+                if descriptor.cg_mode != EAGER or descriptor.num_tokens != 0:
                     return Verdict(
                         NAME,
                         phase.name,
@@ -44,7 +39,7 @@ def judge(evidence: Evidence) -> Verdict | None:
                         f"no rank has work, yet rank {rank} runs "
                         f"{descriptor.cg_mode} with {descriptor.num_tokens} tokens",
                     )
-                if phase.agreement(rank) is not None:
+                if agreement is not None:
                     return Verdict(
                         NAME,
                         phase.name,
@@ -52,8 +47,8 @@ def judge(evidence: Evidence) -> Verdict | None:
                         f"no rank has work, yet rank {rank} got an agreement to run",
                     )
         elif dp_size > 1:
-            for rank in ranks:
-                if phase.agreement(rank) is None:
+            for rank, agreement in enumerate(phase.agreements):
+                if agreement is None:
                     return Verdict(
                         NAME,
                         phase.name,

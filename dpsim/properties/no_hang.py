@@ -32,11 +32,22 @@ _FAILING = {
 }
 
 
+#: Read once: reading a member off its enum class costs about a function call
+#: on Python 3.11.
+_OK = Outcome.OK
+_RAISED = RankState.RAISED
+
+
 def judge(evidence: Evidence) -> Verdict | None:
     result = evidence.result
-    if any(trace.state == RankState.RAISED for trace in result.ranks):
+    outcome = result.outcome
+    # The usual run first, in one string comparison: looking an outcome up
+    # in _FAILING runs the enum's Python __hash__.
+    if outcome == _OK:
         return None
-    if result.outcome not in _FAILING:
+    if any(trace.state == _RAISED for trace in result.ranks):
+        return None
+    if outcome not in _FAILING:
         return None
     stuck = tuple(
         trace.rank for trace in result.ranks if trace.state != RankState.FINISHED

@@ -17,9 +17,7 @@ smallest real and largest padded counts.
 
 from __future__ import annotations
 
-from dpsim.records.policy import CudagraphMode
-
-from .base import Evidence, Property, Verdict
+from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "ubatch-split"
 
@@ -28,7 +26,7 @@ def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         for rank, descriptor in enumerate(phase.descriptors):
             parts = descriptor.num_ubatches
-            if parts <= 1 or descriptor.cg_mode == CudagraphMode.NONE:
+            if parts <= 1 or descriptor.cg_mode == EAGER:
                 continue
             filled_before_last = (parts - 1) * (descriptor.num_tokens // parts)
             tokens = phase.all_inputs[rank].num_tokens
