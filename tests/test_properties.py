@@ -8,7 +8,7 @@ each property catching a planted bug in a full dp_utils module.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import pytest
@@ -16,17 +16,21 @@ import torch
 
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, PROPERTY_NAMES, judge, select
-from dpsim.properties.base import Phase, Verdict
+from dpsim.properties.base import Evidence, Phase, Verdict
 from dpsim.records.case import Case, RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, EP_GROUP
 from dpsim.records.policy import CapturePolicy, CudagraphMode, Microbatching
 from dpsim.records.sync import (
     EXPECT_EVENT,
     SYNC_EVENT,
+    WORKER_ERROR_EVENT,
     Agreement,
+    Choice,
     Descriptor,
+    ExpectRecord,
     SyncRecord,
 )
+from dpsim.records.trace import Event
 from dpsim.sim import current_world, record, simulate
 
 POLICY = CapturePolicy(
@@ -650,3 +654,142 @@ def test_a_phases_columns_read_what_its_accessors_read() -> None:
             r is not None and r.inputs.num_tokens > 0 for r in records
         )
         assert made.any_reused == any(r is not None and r.reused for r in records)
+
+
+def test_a_phase_made_by_of_reads_as_one_made_plainly() -> None:
+    # The judge makes its phases with Phase.of, without the dataclass's
+    # frozen __init__: every column must read as a plainly made phase's.
+    def returned(tokens: int, mode: CudagraphMode, reused: bool = False) -> SyncRecord:
+        batch = RankBatch(num_reqs=1, num_tokens=tokens, uniform_token_count=None)
+        return SyncRecord(
+            "step 0",
+            batch,
+            reused,
+            False,
+            Descriptor(mode, tokens + 1, 1),
+            Agreement((tokens, 0), eager=mode == CudagraphMode.NONE),
+        )
+
+    raised = SyncRecord(
+        "step 0", RankBatch(num_reqs=1, num_tokens=2), False, False, error="E: x"
+    )
+    for records in (
+        (returned(0, CudagraphMode.NONE), returned(0, CudagraphMode.FULL)),
+        (returned(3, CudagraphMode.FULL), returned(0, CudagraphMode.NONE, True)),
+        (returned(3, CudagraphMode.NONE), None),
+        (raised, returned(3, CudagraphMode.NONE)),
+        (),
+    ):
+        plain, made = Phase("step 0", records), Phase.of("step 0", records)
+        assert made == plain
+        for column in ("complete", "any_work", "any_reused"):
+            assert getattr(made, column) == getattr(plain, column), (records, column)
+        if plain.complete:
+            for column in ("all_inputs", "descriptors", "agreements"):
+                assert getattr(made, column) == getattr(plain, column)
+            assert made.modes == tuple(d.cg_mode for d in plain.descriptors)
+            assert made.padded_counts == tuple(d.num_tokens for d in plain.descriptors)
+
+
+def test_a_phase_finds_the_first_agreement_differing_in_any_field() -> None:
+    # Agreements are compared by their fields' __dict__s first: a difference
+    # in any one field, on any rank, must still be found, and equal values in
+    # other objects must not read as a difference.
+    def phase(*agreements: Agreement | None) -> Phase:
+        batch = RankBatch(num_reqs=1, num_tokens=1)
+        descriptor = Descriptor(CudagraphMode.NONE, 1, 1)
+        return Phase(
+            "step 0",
+            tuple(
+                SyncRecord("step 0", batch, False, False, descriptor, agreement)
+                for agreement in agreements
+            ),
+        )
+
+    base = Agreement((1, 1, 1), uniform_token_count=1, eager=False, num_reqs=1)
+    assert phase(base, replace(base), replace(base)).agreements_differ is None
+    assert phase(None, None).agreements_differ is None
+    assert phase(base, None).agreements_differ == (0, 1)
+    assert phase(None, base).agreements_differ == (0, 1)
+    changed = {
+        "num_tokens_across_dp": (1, 2, 1),
+        "uniform_token_count": None,
+        "eager": True,
+        "num_reqs": 2,
+        "skip_drafts": True,
+        "cg_mode": CudagraphMode.FULL,
+        "ubatch": True,
+    }
+    assert set(changed) == {field.name for field in fields(Agreement)}
+    for name, value in changed.items():
+        other = replace(base, **{name: value})
+        assert phase(base, replace(base), other).agreements_differ == (0, 2), name
+        assert phase(other, base, base).agreements_differ == (0, 1), name
+
+
+def test_the_judge_reads_kept_records_as_it_reads_them_written() -> None:
+    # A simulated rank keeps its sync and oracle records, and the judge reads
+    # them off its events in one pass; a trace read back from JSON (a
+    # counterexample file) has only the payloads. Both must give the same
+    # evidence: runner, phases, syncs, oracle, solo calls, kept errors.
+    batch = RankBatch(num_reqs=1, num_tokens=2)
+    descriptor = Descriptor(CudagraphMode.NONE, 2, 1)
+    choice = Choice(CudagraphMode.NONE, 2, 1, largest=2, uniform=None, bound=None)
+
+    def program(rank: int) -> None:
+        world = current_world()
+        if rank == 0:
+            world.record(EXPECT_EVENT, ExpectRecord("step 0", (choice,) * 2).to_event())
+        agreement = Agreement((2, 2), eager=True)
+        world.record(
+            SYNC_EVENT,
+            SyncRecord("step 0", batch, False, False, descriptor, agreement).to_event(),
+        )
+        if rank == 1:
+            world.record(WORKER_ERROR_EVENT, {"error": "E: x", "where": None})
+            world.record(
+                SYNC_EVENT,
+                SyncRecord(
+                    "solo 0", batch, False, True, descriptor, agreement
+                ).to_event(),
+            )
+
+    kept = simulate(program, ranks=2)
+    assert all(
+        event.kept is not None
+        for trace in kept.ranks
+        for event in trace.events
+        if event.kind != WORKER_ERROR_EVENT
+    )
+    written = replace(
+        kept,
+        ranks=tuple(
+            replace(
+                trace,
+                events=tuple(
+                    Event(event.kind, event.after_collectives, event.payload)
+                    for event in trace.events
+                ),
+            )
+            for trace in kept.ranks
+        ),
+    )
+    case = Case("step", "contract", POLICY, ((batch, batch),))
+    seen = []
+    for result in (kept, written):
+        evidence = Evidence(case, result)
+        seen.append(
+            (
+                evidence.runner,
+                evidence.phases,
+                evidence.syncs,
+                evidence.expected,
+                evidence.solo_calls,
+                [(rank, event.payload) for rank, event in evidence.worker_errors],
+            )
+        )
+    assert seen[0] == seen[1]
+    runner, phases, _, expected, solo, errors = seen[0]
+    assert runner == "v2" and solo and expected == {"step 0": (choice, choice)}
+    assert [phase.name for phase in phases] == ["step 0", "solo 0"]
+    assert errors == [(1, {"error": "E: x", "where": None})]

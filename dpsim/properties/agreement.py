@@ -48,12 +48,12 @@ def judge(evidence: Evidence) -> Verdict | None:
         eager = (
             agreed.eager
             if agreed is not None and agreed.eager is not None
-            else all(descriptor.cg_mode == EAGER for descriptor in descriptors)
+            else phase.modes.count(EAGER) == len(descriptors)
         )
         if eager:
             continue
         for label, chosen in (
-            ("padded token count", [d.num_tokens for d in descriptors]),
+            ("padded token count", phase.padded_counts),
             ("microbatch count", [d.num_ubatches for d in descriptors]),
         ):
             differs = first_difference(chosen)

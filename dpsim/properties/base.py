@@ -12,21 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, Final, Generic, Protocol, Self, TypeVar, cast, overload
 
 from dpsim.records.case import RankBatch
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP
 from dpsim.records.policy import CapturePolicy, CudagraphMode
 from dpsim.records.sync import (
+    EXPECT_EVENT,
     RUNNER_EVENT,
+    SYNC_EVENT,
+    WORKER_ERROR_EVENT,
     Agreement,
     Choice,
     Descriptor,
+    ExpectRecord,
     SyncRecord,
     expect_records,
     recorded_syncs,
+    sync_records,
 )
-from dpsim.records.trace import RankTrace, SimResult
+from dpsim.records.trace import Event, RankTrace, SimResult
 from dpsim.terminal import printable
 
 DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
@@ -35,6 +42,10 @@ DP_GROUPS = (DP_CPU_GROUP, DP_DEVICE_GROUP)
 #: properties compare a mode for every rank of every phase.
 EAGER: Final = CudagraphMode.NONE
 FULL_GRAPH: Final = CudagraphMode.FULL
+
+_COLUMNS = attrgetter("inputs", "descriptor", "agreement", "error", "reused")
+_TOKENS = attrgetter("num_tokens")
+_MODE = attrgetter("cg_mode")
 
 _Owner = TypeVar("_Owner")
 _Value = TypeVar("_Value")
@@ -127,17 +138,8 @@ class Phase:
         # A frozen dataclass refuses setattr; its __dict__ takes the values.
         known = self.__dict__
         records = self.records
-        complete = known["complete"] = all(
-            record is not None and not record.raised for record in records
-        )
-        if complete:
-            returned = cast(tuple[SyncRecord, ...], records)
-            inputs = known["all_inputs"] = tuple([record.inputs for record in returned])
-            known["descriptors"] = tuple([record.descriptor for record in returned])
-            known["agreements"] = tuple([record.agreement for record in returned])
-            known["any_work"] = any(batch.num_tokens > 0 for batch in inputs)
-            known["any_reused"] = any(record.reused for record in returned)
-        else:
+        if any(map(is_, records, repeat(None))):
+            known["complete"] = False
             known["any_work"] = any(
                 record is not None and record.inputs.num_tokens > 0
                 for record in records
@@ -145,6 +147,32 @@ class Phase:
             known["any_reused"] = any(
                 record is not None and record.reused for record in records
             )
+            return
+        returned = cast(tuple[SyncRecord, ...], records)
+        # Transposed in C (map, zip): every judged phase is made here. A
+        # record raised when it has an error (SyncRecord.raised), read here
+        # as a column.
+        inputs, descriptors, agreements, errors, reused = tuple(
+            zip(*map(_COLUMNS, returned), strict=True)
+        ) or ((), (), (), (), ())
+        complete = known["complete"] = errors.count(None) == len(errors)
+        if complete:
+            known["all_inputs"] = inputs
+            known["descriptors"] = descriptors
+            known["agreements"] = agreements
+        known["any_work"] = bool(inputs) and max(map(_TOKENS, inputs)) > 0
+        known["any_reused"] = any(reused)
+
+    @classmethod
+    def of(cls, name: str, records: tuple[SyncRecord | None, ...]) -> Phase:
+        """Same as the constructor, without a frozen ``__setattr__`` per
+        field: the judge makes every phase of every run."""
+        phase = object.__new__(cls)
+        known = phase.__dict__
+        known["name"] = name
+        known["records"] = records
+        phase.__post_init__()
+        return phase
 
     def inputs(self, rank: int) -> RankBatch:
         record = self.records[rank]
@@ -160,6 +188,17 @@ class Phase:
         record = self.records[rank]
         assert record is not None
         return record.agreement
+
+    @_once
+    def modes(self) -> tuple[CudagraphMode, ...]:
+        """Each rank's descriptor's mode, in rank order (a complete phase's)."""
+        return tuple(map(_MODE, self.descriptors))
+
+    @_once
+    def padded_counts(self) -> tuple[int, ...]:
+        """Each rank's descriptor's token count, in rank order (a complete
+        phase's): what ``agreement`` and ``padded-counts`` compare."""
+        return tuple(map(_TOKENS, self.descriptors))
 
     @_once
     def agreements_differ(self) -> tuple[int, int] | None:
@@ -207,11 +246,7 @@ class Evidence:
     @_once
     def runner(self) -> str:
         """The model runner whose sync made this trace: "v1" or "v2"."""
-        for trace in self.result.ranks:
-            for event in trace.events:
-                if event.kind == RUNNER_EVENT:
-                    return str(event.payload["runner"])
-        return "v2"
+        return cast(str, self._read_events()["runner"])
 
     @_once
     def syncs(self) -> tuple[tuple[tuple[int, SyncRecord], ...], ...]:
@@ -220,26 +255,83 @@ class Evidence:
         return tuple(tuple(recorded_syncs(trace.events)) for trace in self.result.ranks)
 
     @_once
-    def phases(self) -> tuple[Phase, ...]:
-        ranks = len(self.result.ranks)
-        by_name: dict[str, list[SyncRecord | None]] = {}
-        for trace, syncs in zip(self.result.ranks, self.syncs, strict=True):
-            for _, record in syncs:
-                slots = by_name.get(record.phase)
-                if slots is None:
-                    slots = by_name[record.phase] = [None] * ranks
-                slots[trace.rank] = record
-        return tuple([Phase(name, tuple(records)) for name, records in by_name.items()])
+    def solo_calls(self) -> bool:
+        """Some rank made a sync call inside ``skip_dp_coordination()``."""
+        return cast(bool, self._read_events()["solo_calls"])
+
+    @_once
+    def worker_errors(self) -> tuple[tuple[int, Event], ...]:
+        """Each error a rank's executor kept in a future, as (rank, event),
+        in rank order."""
+        return cast(tuple[tuple[int, Event], ...], self._read_events()["worker_errors"])
 
     @_once
     def expected(self) -> dict[str, tuple[Choice, ...]]:
         """Per phase, what a correct sync would choose on each rank (the
         scenario's oracle, :mod:`dpsim.scenarios.expect`), where recorded."""
-        return {
-            record.phase: record.choices
-            for trace in self.result.ranks
-            for record in expect_records(trace.events)
-        }
+        return cast(dict[str, tuple[Choice, ...]], self._read_events()["expected"])
+
+    @_once
+    def phases(self) -> tuple[Phase, ...]:
+        slots: dict[str, list[SyncRecord | None]] = self._read_events()["_slots"]
+        return tuple(
+            [Phase.of(name, tuple(records)) for name, records in slots.items()]
+        )
+
+    def _read_events(self) -> dict[str, Any]:
+        """Every rank's events, read in one pass for what properties read of
+        them: the runner's mark, the phase slot each sync fills, whether any
+        call was solo, errors kept by an executor and the oracle's records.
+        Kept in ``__dict__``, where the attributes above find them.
+
+        Each of these was a walk over every event of every rank of its own,
+        and the judge reads them all for every run.
+        """
+        known = self.__dict__
+        if "_slots" in known:
+            return known
+        ranks = self.result.ranks
+        size = len(ranks)
+        runner: str | None = None
+        solo = False
+        worker_errors: list[tuple[int, Event]] = []
+        expected: dict[str, tuple[Choice, ...]] = {}
+        slots_by_phase: dict[str, list[SyncRecord | None]] = {}
+        for trace in ranks:
+            rank = trace.rank
+            for event in trace.events:
+                kind = event.kind
+                if kind == SYNC_EVENT:
+                    # The record a simulated rank kept, as recorded_syncs
+                    # hands it back; anything else read by it.
+                    kept = event.kept
+                    record = (
+                        kept if type(kept) is SyncRecord else sync_records((event,))[0]
+                    )
+                    slots = slots_by_phase.get(record.phase)
+                    if slots is None:
+                        slots = slots_by_phase[record.phase] = [None] * size
+                    slots[rank] = record
+                    if record.solo:
+                        solo = True
+                elif kind == EXPECT_EVENT:
+                    kept = event.kept
+                    oracle = (
+                        kept
+                        if type(kept) is ExpectRecord
+                        else next(expect_records((event,)))
+                    )
+                    expected[oracle.phase] = oracle.choices
+                elif kind == WORKER_ERROR_EVENT:
+                    worker_errors.append((rank, event))
+                elif kind == RUNNER_EVENT and runner is None:
+                    runner = str(event.payload["runner"])
+        known["runner"] = "v2" if runner is None else runner
+        known["solo_calls"] = solo
+        known["worker_errors"] = tuple(worker_errors)
+        known["expected"] = expected
+        known["_slots"] = slots_by_phase
+        return known
 
     @_once
     def complete_phases(self) -> tuple[Phase, ...]:
@@ -295,6 +387,11 @@ class Property:
 
 def first_difference(values: Sequence[Any]) -> tuple[int, int] | None:
     """The first rank whose value differs from rank 0's, as (0, rank)."""
+    if not values or values.count(values[0]) == len(values):
+        # All alike, the usual answer, in one C loop (count compares by
+        # identity, then ==; the values compared here are ints, agreements
+        # and None, for which that is != inverted).
+        return None
     for rank, value in enumerate(values):
         if value != values[0]:
             return 0, rank

@@ -16,20 +16,26 @@ is what should carry one rank's eager to all (0.12 synced no mode).
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from .base import EAGER, Evidence, Property, Verdict
 
 NAME = "eager-contagion"
+_NEED_EAGER = attrgetter("need_eager")
 
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
         if not phase.any_work:
             continue
+        eager_ranks = phase.modes.count(EAGER)
+        if eager_ranks == len(phase.modes) or not (
+            eager_ranks or any(map(_NEED_EAGER, phase.all_inputs))
+        ):
+            continue  # the usual phase, seen without a Python loop
         ranks = range(len(phase.records))
         eager = [d.cg_mode == EAGER for d in phase.descriptors]
         asked = [batch.need_eager for batch in phase.all_inputs]
-        if all(eager) or not (any(eager) or any(asked)):
-            continue
         graph_ranks = tuple(rank for rank in ranks if not eager[rank])
         cause = next(rank for rank in ranks if eager[rank] or asked[rank])
         why = "asked for eager" if asked[cause] else "runs eager"

@@ -20,8 +20,6 @@ its next DP sync while peers wait) counts too (``worker_error`` events).
 
 from __future__ import annotations
 
-from dpsim.records.sync import WORKER_ERROR_EVENT
-
 from .base import Evidence, Property, Verdict
 
 NAME = "no-error"
@@ -29,6 +27,8 @@ NAME = "no-error"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.phases:
+        if phase.complete:
+            continue  # every rank returned: none raised
         failed = [
             (rank, record.error)
             for rank, record in enumerate(phase.records)
@@ -43,19 +43,17 @@ def judge(evidence: Evidence) -> Verdict | None:
                 f"rank {failed[0][0]} raised {failed[0][1]}"
                 + (f" (and {len(failed) - 1} more ranks)" if len(failed) > 1 else ""),
             )
-    for trace in evidence.result.ranks:
-        for event in trace.events:
-            if event.kind == WORKER_ERROR_EVENT:
-                # Kept in a future by vLLM's executor: the rank went on (and
-                # its peers may hang on it), but it raised all the same.
-                return Verdict(
-                    NAME,
-                    None,
-                    (trace.rank,),
-                    f"rank {trace.rank} raised {event.payload['error']} at "
-                    f"{event.payload.get('where') or '(no vLLM frame)'} (kept in "
-                    "the executor's future)",
-                )
+    for rank, event in evidence.worker_errors:
+        # Kept in a future by vLLM's executor: the rank went on (and its
+        # peers may hang on it), but it raised all the same.
+        return Verdict(
+            NAME,
+            None,
+            (rank,),
+            f"rank {rank} raised {event.payload['error']} at "
+            f"{event.payload.get('where') or '(no vLLM frame)'} (kept in "
+            "the executor's future)",
+        )
     for trace in evidence.result.ranks:
         if trace.error is not None:
             return Verdict(

@@ -25,8 +25,13 @@ NAME = "padded-counts"
 
 def judge(evidence: Evidence) -> Verdict | None:
     for phase in evidence.complete_phases:
-        runs = tuple([descriptor.num_tokens for descriptor in phase.descriptors])
-        for rank, agreement in enumerate(phase.agreements):
+        runs = phase.padded_counts
+        agreements = phase.agreements
+        if phase.agreements_differ is None:
+            # Every rank's agreement equals rank 0's, counts included: rank
+            # 0's answers for all, and names the first rank as the loop would.
+            agreements = agreements[:1]
+        for rank, agreement in enumerate(agreements):
             if agreement is None:
                 continue
             agreed = agreement.num_tokens_across_dp

@@ -30,7 +30,7 @@ NAME = "solo"
 
 
 def judge(evidence: Evidence) -> Verdict | None:
-    if not any(record.solo for syncs in evidence.syncs for _, record in syncs):
+    if not evidence.solo_calls:
         return None  # only a solo call can break it (most runs have none)
     for trace in evidence.result.ranks:
         together: dict[str, SyncRecord] = {}
