@@ -29,6 +29,7 @@ from dpsim.search.draw import (
     ONE_OF,
     SAMPLED_FROM,
     FastData,
+    _known_elements,
     _known_ready,
     context,
     draw,
@@ -197,6 +198,35 @@ def test_a_one_of_is_not_validated_again_only_when_its_branches_are_known() -> N
     assert not _known_ready(either)
     assert draw(lazy, Random(0)) is not None
     assert _known_ready(either)
+
+
+def test_a_known_one_of_has_the_elements_hypothesis_gives_it() -> None:
+    # Its branches flattened, each once, in order, empty ones left out:
+    # nested one_ofs (one holding a branch twice, one holding an empty one,
+    # drawn before and so known), a branch repeated across them, a mapped
+    # one drawn before (whose branches are new objects every time).
+    pick = st.sampled_from([1, 2])
+    nested = st.one_of(pick, ints(0, 5), pick)
+    holey = st.one_of(st.just(7), st.nothing())
+    mapped = st.one_of(st.just(8), st.nothing()).map(str)
+    for drawn_before in (holey, mapped):
+        assert draw(drawn_before, Random(0)) is not None
+    for one_of in (
+        st.one_of(pick, nested),
+        st.one_of(nested, st.just(3), pick, ints(0, 5)),
+        st.one_of(holey, st.one_of(holey, st.just(9))),
+        st.one_of(mapped, pick),
+    ):
+        assert _known_ready(one_of)
+        ours, theirs = _known_elements(one_of), list(one_of.element_strategies)  # type: ignore[attr-defined]
+        assert len(ours) == len(theirs)
+        for mine, its in zip(ours, theirs, strict=True):
+            # A mapped strategy's branches are made anew on every ask.
+            assert mine is its or (
+                type(mine) is type(its)
+                and mine.mapped_strategy is its.mapped_strategy  # type: ignore[attr-defined]
+                and mine.pack is its.pack  # type: ignore[attr-defined]
+            )
 
 
 def test_a_one_of_with_an_invalid_or_empty_branch_is_still_refused() -> None:

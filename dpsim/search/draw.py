@@ -287,7 +287,8 @@ _READY_MAX = 4096
 def _ready(strategy: SearchStrategy[Any], data: FastData) -> Entry:
     """``strategy`` validated (what Hypothesis' own draw does first), and
     its ``_READY`` entry; an empty strategy ends the draw as invalid."""
-    if _known_ready(strategy):
+    known = _known_ready(strategy)
+    if known:
         # Nothing to validate, and never empty (a sampled_from's constructor
         # refuses an empty sequence, and a filter that rejects every element
         # ends the draw itself; integers' bounds are checked when built). A
@@ -302,16 +303,17 @@ def _ready(strategy: SearchStrategy[Any], data: FastData) -> Entry:
         if strategy.is_empty:
             data.conclude_test(Status.INVALID)
         target = unwrap_strategies(strategy)
-    how, facts = _how_drawn(target)
+    how, facts = _how_drawn(target, known)
     if len(_READY) >= _READY_MAX:
         _READY.clear()
     entry = _READY[id(strategy)] = (strategy, target, how, facts)
     return entry
 
 
-def _how_drawn(target: SearchStrategy[Any]) -> tuple[str, Any]:
+def _how_drawn(target: SearchStrategy[Any], known: bool) -> tuple[str, Any]:
     """How :meth:`FastData._draw_from` draws ``target`` (an unwrapped,
-    validated strategy), and what that needs."""
+    validated strategy; ``known``: by :func:`_known_ready`), and what that
+    needs."""
     kind = type(target)
     if kind is SAMPLED_FROM and not target._transformations:  # type: ignore[attr-defined]
         return _BY_INDEX, target.elements  # type: ignore[attr-defined]
@@ -320,7 +322,9 @@ def _how_drawn(target: SearchStrategy[Any]) -> tuple[str, Any]:
         if asked is not None:
             return _BY_BOUNDS, asked
     if kind is ONE_OF:
-        branches = target.element_strategies  # type: ignore[attr-defined]
+        branches = (
+            _known_elements(target) if known else target.element_strategies  # type: ignore[attr-defined]
+        )
         # A branch that can become empty mid-draw (a stateful Bundle) makes
         # one_of filter its branches on every draw: left to its do_draw.
         if all(
@@ -329,6 +333,26 @@ def _how_drawn(target: SearchStrategy[Any]) -> tuple[str, Any]:
         ):
             return _BY_BRANCH, tuple(branches)
     return _BY_DO_DRAW, None
+
+
+def _known_elements(one_of: SearchStrategy[Any]) -> list[SearchStrategy[Any]]:
+    """``one_of.element_strategies`` for a one_of of known branches
+    (:func:`_known_ready`): the same flattening of its branches' branches,
+    each once, without asking whether a known one is empty (it is not; a
+    nested one_of's branches leave out its empty ones). Asking cost a
+    recursive-property walk per branch of each new one_of, about one a
+    case."""
+    seen: set[SearchStrategy[Any]] = {one_of}
+    elements = []
+    for branch in one_of.original_strategies:  # type: ignore[attr-defined]
+        filtered = type(branch) is ONE_OF
+        for element in branch.branches:
+            if element not in seen and (
+                filtered or type(element) in _PLAIN or not element.is_empty
+            ):
+                seen.add(element)
+                elements.append(element)
+    return elements
 
 
 class _Asked:
