@@ -56,10 +56,10 @@ def shortfall(
         # Eager pads nothing (DPSyncState: "unless eager, where nothing was
         # padded"), except tokens, to split microbatches evenly.
         split = descriptor.num_ubatches > 1
-        tokens = {batch.num_tokens, agreed_count}
         named_reqs = descriptor.num_reqs is not None or runner != "v1"
+        tokens = descriptor.num_tokens
         if (named_reqs and descriptor.num_reqs != batch.num_reqs) or (
-            not split and descriptor.num_tokens not in tokens
+            not split and tokens != batch.num_tokens and tokens != agreed_count
         ):
             return (
                 f"an eager descriptor for {descriptor.num_reqs} requests and "
