@@ -39,8 +39,9 @@ from dpsim.search.internals import (
 def fill(data: ConjectureData, random: Random) -> None:
     """Give ``data`` (not yet initialised) the state ``ConjectureData(random=random)``
     gives a new FastData."""
-    state = data.__dict__
-    state.update(_CONSTANTS)
+    # A copy of a dict that already holds every attribute: filling an empty
+    # one grew it several times over.
+    state = _CONSTANTS.copy()
     state["_random"] = random
     state["testcounter"] = DATA_THREADLOCAL.global_test_counter
     DATA_THREADLOCAL.global_test_counter += 1
@@ -61,6 +62,7 @@ def fill(data: ConjectureData, random: Random) -> None:
     state["_observability_predicates"] = defaultdict(PredicateCounts)
     state["_shared_strategy_draws"] = {}
     state["_nodes"] = []
+    data.__dict__ = state
     state["provider"] = HypothesisProvider(data)
 
 
@@ -91,6 +93,10 @@ MADE = frozenset(
 )
 
 
+#: The attributes FastData sets itself, after :func:`fill`.
+FASTDATA_OWN = frozenset(("drawn", "replay", "first_part", "lean"))
+
+
 def _constant(value: Any) -> bool:
     """Whether ``value`` can be shared by every data object: nothing can
     change it (None, numbers, strings, enum members, empty tuples, and
@@ -117,6 +123,8 @@ def _constants() -> dict[str, Any] | None:
     # __init__ starts the top-level span, which to a FastData is a depth of
     # 0 (its start_span counts depth and nothing else).
     constants["depth"] = 0
+    # Room for what fill makes and FastData adds, set over these.
+    constants.update(dict.fromkeys(MADE | FASTDATA_OWN))
     return constants
 
 

@@ -100,13 +100,33 @@ class FastData(ConjectureData):
     ) -> int:
         """An observed integer choice, neither forced nor shrinking towards
         anything but 0: the one every ``sampled_from``, ``integers`` and
-        ``one_of`` makes, which :meth:`_draw_from` asks for directly."""
+        ``one_of`` makes, which :meth:`draw` asks for directly."""
         if not self.lean or len(self.drawn) < len(self.replay):
             return super().draw_integer(min_value, max_value, weights=weights)
         # The commonest choice by far: drawn as the provider draws it, and
         # recorded as _draw records it, without building the constraints
         # dict (dpsim.search.integers).
         value = draw_integer(self, min_value, max_value, weights)
+        self._record(value)
+        return value
+
+    def draw_boolean(
+        self,
+        p: float = 0.5,
+        *,
+        forced: bool | None = None,
+        observe: bool = True,
+    ) -> bool:
+        if (
+            forced is not None
+            or not observe
+            or not self.lean
+            or len(self.drawn) < len(self.replay)
+        ):
+            return super().draw_boolean(p, forced=forced, observe=observe)
+        # The provider's own draw, recorded as _draw records it, without the
+        # constraints dict and the lookup of the provider's method by name.
+        value = self.provider.draw_boolean(p)
         self._record(value)
         return value
 
@@ -160,27 +180,10 @@ class FastData(ConjectureData):
         label: int | None = None,
         observe_as: str | None = None,
     ) -> T:
-        if self.depth != 1 or self.drawn:
-            return self._draw_from(strategy)
-        # The first draw nested in the top-level one: a case's first part.
-        if self.replay:
-            kept = _FIRST_PARTS.get((id(strategy), self.replay))
-            if kept is not None and kept[0] is strategy:
-                self.drawn.extend(self.replay)
-                self.length += kept[2]
-                self.first_part = len(self.replay)
-                return kept[1]
-        value = self._draw_from(strategy)
-        # Kept whether drawn or replayed: the first replay of a first part
-        # drawn anew is as common as any later one.
-        first = tuple(self.drawn)
-        if (not self.replay or first == self.replay) and _immutable(value):
-            if len(_FIRST_PARTS) >= _FIRST_PARTS_MAX:
-                _FIRST_PARTS.clear()
-            _FIRST_PARTS[(id(strategy), first)] = (strategy, value, self.length)
-        return value
-
-    def _draw_from(self, strategy: SearchStrategy[T]) -> T:
+        if self.depth == 1 and not self.drawn and label != _FIRST_PART:
+            return self._first_part(strategy)
+        # Every draw's body, here rather than in a method of its own: a case
+        # draws some forty times, and a call was a tenth of a draw.
         entry = _READY.get(id(strategy))
         if entry is None or entry[0] is not strategy:
             entry = _ready(strategy, self)
@@ -206,16 +209,35 @@ class FastData(ConjectureData):
             if self.depth == 1 and self.first_part is None:
                 self.first_part = len(self.drawn)
 
+    def _first_part(self, strategy: SearchStrategy[T]) -> T:
+        """The first draw nested in the top-level one: a case's first part."""
+        if self.replay:
+            kept = _FIRST_PARTS.get((id(strategy), self.replay))
+            if kept is not None and kept[0] is strategy:
+                self.drawn.extend(self.replay)
+                self.length += kept[2]
+                self.first_part = len(self.replay)
+                return kept[1]
+        value = self.draw(strategy, _FIRST_PART)
+        # Kept whether drawn or replayed: the first replay of a first part
+        # drawn anew is as common as any later one.
+        first = tuple(self.drawn)
+        if (not self.replay or first == self.replay) and _immutable(value):
+            if len(_FIRST_PARTS) >= _FIRST_PARTS_MAX:
+                _FIRST_PARTS.clear()
+            _FIRST_PARTS[(id(strategy), first)] = (strategy, value, self.length)
+        return value
+
     def _branch(self, branches: Sequence[SearchStrategy[T]]) -> T:
         """What ``OneOfStrategy.do_draw`` does with these element
         strategies (none of which can become empty mid-draw): draw the
         branch's index from a sampled_from of them, one level down, then
         the branch; a single branch is drawn without an index."""
         if len(branches) == 1:
-            return self._draw_from(branches[0])
+            return self.draw(branches[0])
         if self.depth >= MAX_DEPTH:
             self.conclude_test(Status.INVALID)
-        return self._draw_from(branches[self._choose(0, len(branches) - 1, None)])
+        return self.draw(branches[self._choose(0, len(branches) - 1, None)])
 
     def conclude_test(
         self,
@@ -225,6 +247,11 @@ class FastData(ConjectureData):
         self.status = status
         raise StopTest(self.testcounter)
 
+
+#: The label :meth:`FastData._first_part` draws its strategy with, which no
+#: Hypothesis label is (they are never negative): the draw's own body, not
+#: the first part again.
+_FIRST_PART = -1
 
 #: First parts drawn from replayed choices, by the strategy's id and the
 #: choices: the strategy (kept, so that its id cannot be reused while its
@@ -257,7 +284,7 @@ INTEGERS = type(unwrap_strategies(integers(0, 1)))
 _PLAIN = frozenset((SAMPLED_FROM, JUST, INTEGERS))
 ONE_OF = type(one_of(just(False), just(True)))
 
-#: How :meth:`FastData._draw_from` draws a ready strategy: by one index
+#: How :meth:`FastData.draw` draws a ready strategy: by one index
 #: into its elements (a sampled_from with no map or filter), by one integer
 #: choice within its bounds (integers), by a branch of its elements
 #: (one_of), or through its own ``do_draw``. Each takes what Hypothesis'
@@ -311,7 +338,7 @@ def _ready(strategy: SearchStrategy[Any], data: FastData) -> Entry:
 
 
 def _how_drawn(target: SearchStrategy[Any], known: bool) -> tuple[str, Any]:
-    """How :meth:`FastData._draw_from` draws ``target`` (an unwrapped,
+    """How :meth:`FastData.draw` draws ``target`` (an unwrapped,
     validated strategy; ``known``: by :func:`_known_ready`), and what that
     needs."""
     kind = type(target)
@@ -413,16 +440,25 @@ def draw(
     rejected (a filter or ``assume`` gave up, or the choices overran).
     ``replay``'s choices are taken first (:class:`FastData`)."""
     data = FastData(random, replay)
+    with context(data):
+        drawn = draw_in(data, strategy)
+    return None if drawn is None else (drawn[0], drawn[1], data)
+
+
+def draw_in(data: FastData, strategy: SearchStrategy[T]) -> tuple[T, Choices] | None:
+    """One value of ``strategy`` drawn in ``data``, inside its
+    :func:`context` (which the case's test may then run in too, as
+    Hypothesis runs a draw and its test in one), and the choices it took;
+    None when the draw was rejected."""
     try:
-        with context(data):
-            value = data.draw(strategy)
+        value = data.draw(strategy)
     except StopTest as stop:
         if stop.testcounter != data.testcounter:
             raise
         return None
     except UnsatisfiedAssumption:
         return None
-    return value, tuple(data.drawn), data
+    return value, tuple(data.drawn)
 
 
 def context(data: ConjectureData) -> BuildContext:
