@@ -119,15 +119,16 @@ class FastData(ConjectureData):
     ) -> bool:
         if (
             forced is not None
-            or not observe
             or not self.lean
-            or len(self.drawn) < len(self.replay)
+            or (observe and len(self.drawn) < len(self.replay))
         ):
             return super().draw_boolean(p, forced=forced, observe=observe)
         # The provider's own draw, recorded as _draw records it, without the
-        # constraints dict and the lookup of the provider's method by name.
+        # constraints dict and the lookup of the provider's method by name
+        # (unobserved: a weighted integer's sampler, never replayed).
         value = self.provider.draw_boolean(p)
-        self._record(value)
+        if observe:
+            self._record(value)
         return value
 
     def _pooled_constraints(self, choice_type: Any, constraints: Any) -> Any:
