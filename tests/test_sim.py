@@ -284,11 +284,33 @@ def test_nothing_stays_installed_after_any_run() -> None:
         simulate(program, ranks=2)
         assert runtime.current() is runtime.NO_WORLD
         assert torch.distributed.all_reduce is real_all_reduce
+        assert not torch.is_inference_mode_enabled()
     with pytest.raises(ReplayDivergedError):
         simulate(hangs, ranks=3, chooser=ReplayChooser([7]))
     assert runtime.current() is runtime.NO_WORLD
+    assert not torch.is_inference_mode_enabled()
     with pytest.raises(RuntimeError, match="not inside a program"):
         sim.record("outside")
+
+
+def test_every_rank_runs_in_inference_mode_as_vllms_step_does() -> None:
+    # vLLM reaches the DP sync inside execute_model or _dummy_run, both
+    # decorated with torch.inference_mode(); a rank's tensors are inference
+    # tensors, and an in-place write to a leaf that requires grad is allowed.
+    def program(rank: int) -> tuple[bool, bool, bool]:
+        leaf = torch.zeros(2, requires_grad=True)
+        dist.all_reduce(leaf)
+        return (
+            torch.is_inference_mode_enabled(),
+            leaf.is_inference(),
+            torch.is_grad_enabled(),
+        )
+
+    result = simulate(program, ranks=3)
+
+    assert result.outcome is Outcome.OK
+    assert result.returns() == [(True, True, False)] * 3
+    assert not torch.is_inference_mode_enabled()
 
 
 # -- scale and the benchmark hooks --------------------------------------------------------------

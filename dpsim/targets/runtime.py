@@ -11,6 +11,15 @@ so the rest of the process keeps the real thing.
 Loops in loaded code tick once per iteration (the shim inserts
 ``TICKS.tick()``), which is how a simulator turns a rank that spins forever
 into a verdict instead of a hung harness, without any wall-clock timeout.
+
+While a world is installed, torch runs in inference mode
+(``torch.inference_mode()``), as it does where vLLM makes these calls: its
+model runners' ``execute_model`` and ``_dummy_run``, which reach the DP sync,
+are decorated with it. It is entered once per installation rather than per
+rank because the flag is thread-local and the virtual ranks share a thread,
+and it makes torch's small operations, most of a sync's cost, skip autograd's
+dispatch: about 14 % fewer instructions per simulated 8-rank round, on every
+side alike (the simulator, the bench's bare calls, a replay's processes).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+import torch
 import torch.distributed
 
 from dpsim.records.dist import DistLike
@@ -131,8 +141,9 @@ _current: World = NO_WORLD
 TICKS = types.ModuleType("dpsim.targets.runtime.TICKS")
 TICKS.__dict__["tick"] = NO_WORLD.tick
 
-#: What :func:`install` replaced: the world and the tick to put back.
-Installation = tuple[World, Any]
+#: What :func:`install` replaced: the world and the tick to put back, and
+#: the inference mode it entered, to leave.
+Installation = tuple[World, Any, torch.inference_mode]
 
 
 def current() -> World:
@@ -156,7 +167,9 @@ def install(world: World) -> Installation:
     where a generator-based context manager costs as much as a rank's step."""
     global _current
     ticks = TICKS.__dict__
-    previous = (_current, ticks["tick"])
+    mode = torch.inference_mode()
+    mode.__enter__()
+    previous = (_current, ticks["tick"], mode)
     _current = world
     ticks["tick"] = world.tick
     return previous
@@ -165,7 +178,8 @@ def install(world: World) -> Installation:
 def restore(previous: Installation) -> None:
     """Put back the world (and its tick) that :func:`install` replaced."""
     global _current
-    _current, TICKS.__dict__["tick"] = previous
+    _current, TICKS.__dict__["tick"], mode = previous
+    mode.__exit__(None, None, None)
 
 
 def tick() -> None:

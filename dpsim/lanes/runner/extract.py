@@ -16,8 +16,9 @@ zero-argument ``super()`` (which needs a real class statement for
 Decorators: one whose source text (``ast.unparse``, so quotes and spacing
 do not matter) is a key of ``decorators`` is replaced by the value, or dropped when the value is None
 (the caller's code says why: e.g. ``torch.inference_mode()`` is per-thread
-state in vLLM, and the lane runs CPU tensors without autograd, so dropping it
-is what keeps virtual ranks apart); any other is evaluated for real.
+state in vLLM, which the installed world enters once for every rank, so
+dropping it is what keeps one rank from leaving it under another); any other
+is evaluated for real.
 
 Global names the kept methods (and their nested functions, lambdas and
 comprehensions, and their decorators) use resolve from ``globals_``, then

@@ -33,8 +33,8 @@ attributes those methods read. What it holds:
   ``build_slot_mappings_by_layer``, ``use_workspace_lane``, ``AsyncOutput``;
 * dropped: ``@torch.inference_mode()``. It switches a thread-local torch
   flag, and virtual ranks share one thread: one rank leaving the mode would
-  switch it off under another (RUNNER_LANE.md). The lane runs CPU tensors
-  without autograd, so the mode changes nothing else.
+  switch it off under another (RUNNER_LANE.md). The installed world holds
+  the mode on for the whole run instead (``dpsim.targets.runtime``).
 
 ``set_forward_context`` is :class:`~dpsim.lanes.runner.forward.ForwardContexts`
 (one context per virtual rank, as vLLM has one per worker process).

@@ -43,7 +43,8 @@ reached: eagle3's ``combine_hidden_states``, probabilistic draft sampling
 multi-step decode (its attention backends are not modelled: the lane runs
 vLLM's fallback, one decode graph or eager forward per step), capture.
 ``@torch.inference_mode()`` is dropped: it is per-thread state in vLLM and
-the lane's ranks share a thread; they run CPU tensors without autograd.
+the lane's ranks share a thread, which the installed world keeps in inference
+mode for the whole run (``dpsim.targets.runtime``).
 
 Which speculators each release ships and the lane drives (``EngineOptions.
 speculator``):

@@ -8,7 +8,8 @@ the DP path (:data:`RUN_FOR_REAL`: ``execute_model``, ``sample_tokens``,
 rank's real ``GPUModelRunner`` (:mod:`.model_runner`).
 
 Decorators dropped, with why: ``@torch.inference_mode()`` (thread-local torch
-state shared by virtual ranks; see :mod:`.model_runner`) and
+state shared by virtual ranks, held on for the whole run by the installed
+world instead; see :mod:`.model_runner`) and
 ``@with_gpu_sync_check`` (a debug check for GPU-to-CPU syncs, which returns
 the method unchanged unless a debug switch enabled it).
 

@@ -33,8 +33,9 @@ context says, one replay for a FULL graph), async output copies.
 
 Dropped: ``@torch.inference_mode()``. It switches a thread-local torch flag,
 and virtual ranks share one thread: one rank leaving the mode would switch it
-off under another. The lane runs CPU tensors without autograd, so the mode
-changes nothing else.
+off under another. The installed world holds the mode on for the whole run
+instead (``dpsim.targets.runtime``), so every rank runs in it as vLLM's
+decorated methods do.
 
 Not modelled (refused in one line): microbatching, LoRA, encoder-decoder
 models, pipeline parallelism (the pipeline group is the shim's one stage).

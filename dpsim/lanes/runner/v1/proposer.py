@@ -56,7 +56,8 @@ read only by attention kernels), ``CpuGpuBuffer`` (its numpy side is the tensor)
 ``copy_and_expand`` kernels), eagle3/dflash hidden-state combining,
 probabilistic draft sampling, multimodal and M-RoPE drafters, tree drafting,
 EPLB. ``@torch.inference_mode()`` is dropped: per-thread state in vLLM, and
-the lane's ranks share a thread running CPU tensors without autograd.
+the lane's ranks share a thread, which the installed world keeps in
+inference mode for the whole run (``dpsim.targets.runtime``).
 
 EAGLE and MTP share the class; what differs is ``speculative_config.method``
 (vLLM normalises ``deepseek_mtp`` and kin to ``"mtp"`` in every release the
