@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from standin_sync import sync_api
+
 from dpsim.records.case import SyncInputs
-from dpsim.targets.adapters import DISPATCH_AND_SYNC, SyncAPI, dispatch, dispatcher
+from dpsim.targets.adapters import SyncAPI, dispatch, dispatcher
 
 
 def _api(parameters: tuple[str, ...], seen: list[Any]) -> SyncAPI:
@@ -15,18 +17,7 @@ def _api(parameters: tuple[str, ...], seen: list[Any]) -> SyncAPI:
         seen.append((args, kwargs, sys._getframe(1)))
         return "descriptor", "agreement"
 
-    return SyncAPI(
-        entry=DISPATCH_AND_SYNC,
-        parameters=parameters,
-        reuse_parameter="dp_sync" if "dp_sync" in parameters else None,
-        agreement_fields=(),
-        descriptor_fields=(),
-        collective="none found",
-        tensor_rows=None,
-        _sync=sync,
-        _descriptor_class=object,
-        _none_mode=None,
-    )
+    return sync_api(parameters, sync)
 
 
 LEADING = ("cudagraph_manager", "num_reqs", "num_tokens", "uniform_token_count")

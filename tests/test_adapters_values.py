@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 import torch
+from standin_sync import sync_api
 
 from dpsim.records.case import SyncInputs
 from dpsim.records.policy import CudagraphMode
-from dpsim.targets.adapters import DISPATCH_AND_SYNC, SyncAPI, agreement_of, describe
+from dpsim.targets.adapters import agreement_of, describe
 
 
 class _Mode(enum.Enum):
@@ -79,9 +80,8 @@ def test_an_input_this_sync_cannot_take_is_refused_by_name() -> None:
     def sync(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a refused input must not reach the sync")
 
-    api = SyncAPI(
-        entry=DISPATCH_AND_SYNC,
-        parameters=(
+    api = sync_api(
+        (
             "cudagraph_manager",
             "num_reqs",
             "num_tokens",
@@ -89,14 +89,7 @@ def test_an_input_this_sync_cannot_take_is_refused_by_name() -> None:
             "dp_size",
             "dp_rank",
         ),
-        reuse_parameter=None,
-        agreement_fields=(),
-        descriptor_fields=(),
-        collective="none found",
-        tensor_rows=None,
-        _sync=sync,
-        _descriptor_class=object,
-        _none_mode=None,
+        sync,
     )
     assert api.unsupported_input(SyncInputs(1, 1)) is None
     assert api.unsupported_input(SyncInputs(1, 1, cascade_attn=True)) == "cascade_attn"

@@ -620,28 +620,36 @@ def test_a_rank_whose_own_agreed_count_is_wrong_is_named_once() -> None:
     assert found["padded-counts"].ranks == (0,)
 
 
+def _returned(
+    tokens: int,
+    mode: CudagraphMode = CudagraphMode.NONE,
+    *,
+    reused: bool = False,
+    padding: int = 0,
+) -> SyncRecord:
+    """A step-0 sync that returned ``mode`` for ``tokens`` (plus ``padding``)."""
+    batch = RankBatch(num_reqs=1, num_tokens=tokens, uniform_token_count=None)
+    return SyncRecord(
+        "step 0",
+        batch,
+        reused,
+        False,
+        Descriptor(mode, tokens + padding, 1),
+        Agreement((tokens, 0), eager=mode == CudagraphMode.NONE),
+    )
+
+
 def test_a_phases_columns_read_what_its_accessors_read() -> None:
     # A phase works its columns out in one pass as it is made: they must
     # read what the per-rank accessors read of its records.
-    def returned(tokens: int, reused: bool = False) -> SyncRecord:
-        batch = RankBatch(num_reqs=1, num_tokens=tokens, uniform_token_count=None)
-        return SyncRecord(
-            "step 0",
-            batch,
-            reused,
-            False,
-            Descriptor(CudagraphMode.NONE, tokens, 1),
-            Agreement((tokens, 0), eager=True),
-        )
-
     raised = SyncRecord(
         "step 0", RankBatch(num_reqs=1, num_tokens=2), False, False, error="E: x"
     )
     for records in (
-        (returned(0), returned(0)),
-        (returned(3), returned(0, reused=True)),
-        (returned(3), None),
-        (returned(3), raised),
+        (_returned(0), _returned(0)),
+        (_returned(3), _returned(0, reused=True)),
+        (_returned(3), None),
+        (_returned(3), raised),
     ):
         made = Phase("step 0", records)
         ranks = range(len(records))
@@ -659,25 +667,17 @@ def test_a_phases_columns_read_what_its_accessors_read() -> None:
 def test_a_phase_made_by_of_reads_as_one_made_plainly() -> None:
     # The judge makes its phases with Phase.of, without the dataclass's
     # frozen __init__: every column must read as a plainly made phase's.
-    def returned(tokens: int, mode: CudagraphMode, reused: bool = False) -> SyncRecord:
-        batch = RankBatch(num_reqs=1, num_tokens=tokens, uniform_token_count=None)
-        return SyncRecord(
-            "step 0",
-            batch,
-            reused,
-            False,
-            Descriptor(mode, tokens + 1, 1),
-            Agreement((tokens, 0), eager=mode == CudagraphMode.NONE),
-        )
-
     raised = SyncRecord(
         "step 0", RankBatch(num_reqs=1, num_tokens=2), False, False, error="E: x"
     )
     for records in (
-        (returned(0, CudagraphMode.NONE), returned(0, CudagraphMode.FULL)),
-        (returned(3, CudagraphMode.FULL), returned(0, CudagraphMode.NONE, True)),
-        (returned(3, CudagraphMode.NONE), None),
-        (raised, returned(3, CudagraphMode.NONE)),
+        (_returned(0, padding=1), _returned(0, CudagraphMode.FULL, padding=1)),
+        (
+            _returned(3, CudagraphMode.FULL, padding=1),
+            _returned(0, reused=True, padding=1),
+        ),
+        (_returned(3, padding=1), None),
+        (raised, _returned(3, padding=1)),
         (),
     ):
         plain, made = Phase("step 0", records), Phase.of("step 0", records)
