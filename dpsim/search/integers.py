@@ -22,7 +22,6 @@ from random import Random
 from typing import Any, NamedTuple
 
 import hypothesis
-from sortedcontainers import SortedSet
 
 from dpsim.search.internals import (
     CHECKED_ON,
@@ -33,6 +32,7 @@ from dpsim.search.internals import (
     HypothesisProvider,
     PiecewiseDistribution,
     Sampler,
+    SortedSet,
     UniformDistribution,
     choice_constraints_key,
 )

@@ -64,6 +64,10 @@ try:
         UniformDistribution,
     )
     from hypothesis.strategies._internal.lazy import unwrap_strategies
+
+    # The type of the provider's constant pools (Hypothesis' own dependency),
+    # which are sorted by value.
+    from sortedcontainers import SortedSet
 except ImportError as error:  # pragma: no cover - depends on the installed version
     raise UsageError(
         f"--engine fast needs Hypothesis internals that Hypothesis "
@@ -92,6 +96,7 @@ __all__ = [
     "Sampler",
     "ShrinkPass",
     "Shrinker",
+    "SortedSet",
     "SpanRecord",
     "Status",
     "StopTest",
