@@ -471,6 +471,32 @@ def test_measure_overhead_times_each_side_warm(monkeypatch: pytest.MonkeyPatch) 
     assert numbers["cpu_overhead"] == 1.0
 
 
+def test_measure_overhead_times_both_sides_with_the_heap_frozen() -> None:
+    """Timed rounds run as a check's cases do: the heap alive before them is
+    left out of the collector's full collections, and given back after."""
+    import gc
+
+    frozen_while_timed: set[bool] = set()
+
+    def program(rank: int) -> int:
+        frozen_while_timed.add(gc.get_freeze_count() > 0)
+        return rank
+
+    # A runner-lane test in this worker may have frozen the heap for good.
+    frozen_before = gc.get_freeze_count() > 0
+    gc.unfreeze()
+    try:
+        sim.measure_overhead(program, ranks=2, rounds=4, chunks=2)
+        unfrozen_after = gc.get_freeze_count() == 0
+    finally:
+        if frozen_before:
+            gc.freeze()
+
+    # The reference run and the honesty check run before the freeze.
+    assert frozen_while_timed == {False, True}
+    assert unfrozen_after
+
+
 class _Highest(sim.choosers.LowestFirst):
     """A chooser that only looks like the default: it picks the highest rank."""
 

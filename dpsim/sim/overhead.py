@@ -25,6 +25,14 @@ bare side never pays (at 8 ranks on the real sync, 350-530 us more than the
 chunk's median round of about 540 us, against 15-145 us for a bare chunk's
 first round), a charge that grows with the number of chunks and not with
 what the simulator costs.
+
+Both sides are timed with the heap that was alive before the first timed
+chunk frozen out of the collector's full collections (``frozen_heap``), as a
+search runs its cases (``dpsim.check``). Otherwise every full collection
+walks torch's and the release's whole heap, and the simulated side, which
+allocates more objects, brings those collections on more often: at 8 ranks
+on the real sync, 75k of its 2,760k instructions per round, a cost that
+depends on how much else the process holds and that a check never pays.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dpsim.collector import frozen_heap
 from dpsim.records.trace import Outcome
 from dpsim.sim.instant import InstantWorld
 from dpsim.sim.render import render_table
@@ -86,20 +95,21 @@ def measure_overhead(
         rounds // chunks + (1 if i < rounds % chunks else 0) for i in range(chunks)
     ]
     bare_seconds = sim_seconds = bare_cpu = sim_cpu = 0.0
-    for size in sizes:
-        if size == 0:
-            continue
-        bare_rounds(1)  # untimed: warm (see the module docstring)
-        started, cpu_started = time.perf_counter(), time.process_time()
-        bare_rounds(size)
-        bare_seconds += time.perf_counter() - started
-        bare_cpu += time.process_time() - cpu_started
-        simulate(program_list, ranks=ranks, groups=groups)  # untimed: warm
-        started, cpu_started = time.perf_counter(), time.process_time()
-        for _ in range(size):
-            simulate(program_list, ranks=ranks, groups=groups)
-        sim_seconds += time.perf_counter() - started
-        sim_cpu += time.process_time() - cpu_started
+    with frozen_heap():
+        for size in sizes:
+            if size == 0:
+                continue
+            bare_rounds(1)  # untimed: warm (see the module docstring)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            bare_rounds(size)
+            bare_seconds += time.perf_counter() - started
+            bare_cpu += time.process_time() - cpu_started
+            simulate(program_list, ranks=ranks, groups=groups)  # untimed: warm
+            started, cpu_started = time.perf_counter(), time.process_time()
+            for _ in range(size):
+                simulate(program_list, ranks=ranks, groups=groups)
+            sim_seconds += time.perf_counter() - started
+            sim_cpu += time.process_time() - cpu_started
     return {
         "ranks": ranks,
         "rounds": rounds,
