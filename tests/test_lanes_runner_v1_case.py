@@ -211,24 +211,24 @@ def test_v1_prompts_reach_both_sides_of_the_drafter_fit_check() -> None:
         num_speculative_tokens=7,
     )
 
-    def prompts(runner: str) -> set[int]:
+    def requests(runner: str) -> list[Any]:
         drawn = _draw(workloads(options=st.just(options), runner=runner), 150)
-        return {
-            request.prompt_len
+        return [
+            request
             for _, streams in drawn
             for stream in streams
             for request in stream.requests
-        }
+        ]
 
-    v1, v2 = prompts("v1"), prompts("v2")
+    v1_requests = requests("v1")
+    v1 = {request.prompt_len for request in v1_requests}
+    v2 = {request.prompt_len for request in requests("v2")}
     assert v1 & {9, 10, 11}
     assert not v2 & {9, 10, 11}
     # Such a request runs to max_model_len: through the edge.
     ran_out = [
         request
-        for _, streams in _draw(workloads(options=st.just(options), runner="v1"), 150)
-        for stream in streams
-        for request in stream.requests
+        for request in v1_requests
         if request.prompt_len in (9, 10, 11)
         and request.prompt_len + request.output_len >= 16
     ]
