@@ -31,7 +31,7 @@ chunk frozen out of the collector's full collections (``frozen_heap``), as a
 search runs its cases (``dpsim.check``). Otherwise every full collection
 walks torch's and the release's whole heap, and the simulated side, which
 allocates more objects, brings those collections on more often: at 8 ranks
-on the real sync, 75k of its 2,760k instructions per round, a cost that
+on the real sync, 75k of its 2,759k instructions per round over 200 rounds, a cost that
 depends on how much else the process holds and that a check never pays.
 """
 
