@@ -70,6 +70,10 @@ V1_WANTED = (
     "vllm/forward_context.py",
     "vllm/lora/utils.py",
 )
+#: What 0.34's sync and manager read beyond what 0.33's did: the
+#: fault-tolerance switch, and the config code that resolves the split
+#: capture tables (:mod:`dpsim.targets.split_sizes`).
+V034_WANTED = ("vllm/config/fault_tolerance.py", "vllm/config/vllm.py")
 #: Path prefixes (inside the wheel) that the loader and the generators read.
 WANTED = (
     "vllm/v1/worker/gpu/",
@@ -81,6 +85,7 @@ WANTED = (
     "vllm/distributed/parallel_state.py",
     "vllm/_version.py",
     *V1_WANTED,
+    *V034_WANTED,
 )
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
@@ -173,6 +178,14 @@ def ensure_release(
             if not os.path.lexists(entry):
                 _fetch(version, entry, wanted=_union(WANTED, extra))
     _verify_or_refuse(version, entry)
+    if not _extracted(entry, V034_WANTED) and _reads_v034_files(entry):
+        _upgrade(
+            version,
+            entry,
+            V034_WANTED,
+            "dpsim's vLLM 0.34 support",
+            "the config files 0.34's sync and manager read",
+        )
     if runner == "v1" and not _extracted(entry, V1_WANTED):
         _upgrade(
             version, entry, V1_WANTED, "dpsim's V1 runner", "the V1 caller's files"
@@ -182,6 +195,16 @@ def ensure_release(
             version, entry, extra, "dpsim's runner lane", "the runner lane's files"
         )
     return entry / "vllm"
+
+
+def _reads_v034_files(entry: Path) -> bool:
+    """Whether the release in ``entry`` reads :data:`V034_WANTED`: its sync
+    imports the fault-tolerance config, as 0.34's does."""
+    try:
+        sync = (entry / DP_UTILS).read_text()
+    except OSError:
+        return False
+    return "vllm.config.fault_tolerance" in sync
 
 
 def _union(*groups: tuple[str, ...]) -> tuple[str, ...]:

@@ -9,7 +9,9 @@ checks thousands of cases loads each version once.
 
 from __future__ import annotations
 
+import ast
 import functools
+import inspect
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -25,11 +27,20 @@ from dpsim.targets.cache import cache_root, ensure_release
 from dpsim.targets.manager import ParallelConfigStandIn, build_manager
 from dpsim.targets.shim import LoadedFile, ModuleLoader
 from dpsim.targets.spec import OLDEST_RELEASE, ReleaseSpec, TargetSpec, parse_target
+from dpsim.targets.split_sizes import (
+    SplitSizes,
+    load_split_sizes,
+    takes_split_sizes,
+)
 from dpsim.targets.standins import STAND_INS
 
 DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
 CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 COMPILATION_MODULE = "vllm.config.compilation"
+MATH_UTILS_MODULE = "vllm.utils.math_utils"
+_TARGET_DEPENDENT_SPECULATOR = (
+    "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py"
+)
 #: The V1 runner's sync, its dispatcher, its descriptors, and the module whose
 #: file the V1 caller method is taken from (never executed as a module).
 V1_DP_UTILS_MODULE = "vllm.v1.worker.dp_utils"
@@ -55,6 +66,9 @@ class Target:
     cudagraph_utils: ModuleType = field(repr=False)
     compilation: ModuleType = field(repr=False)
     api: TargetAPI = field(repr=False)
+    #: The release's resolution of 0.34's split capture tables, where its
+    #: manager takes them (:mod:`dpsim.targets.split_sizes`).
+    split_sizes: SplitSizes | None = field(repr=False)
 
     @property
     def runner(self) -> str:
@@ -80,13 +94,18 @@ class Target:
     def manager_class(self) -> type:
         return self.cudagraph_utils.CudaGraphManager
 
-    def build_manager(self, config: ManagerConfig) -> Any:
-        """A real ``CudaGraphManager`` of this version for ``config``."""
+    def build_manager(
+        self, config: ManagerConfig, manager_class: type | None = None
+    ) -> Any:
+        """A real ``CudaGraphManager`` of this version for ``config`` (or
+        ``manager_class``, another of its managers, such as the runner
+        lane's ``ModelCudaGraphManager``)."""
         return build_manager(
-            self.manager_class,
+            manager_class or self.manager_class,
             self.CUDAGraphMode,
             config,
             self.compilation.__dict__.get("CompilationConfig"),
+            self.split_sizes,
         )
 
     @functools.cached_property
@@ -95,6 +114,27 @@ class Target:
         (``skip_dp_coordination()``, 0.30+), whatever the sync file does with it."""
         runtime_helpers = self.source_text("v1/worker/dp_utils.py") or ""
         return "def skip_dp_coordination" in runtime_helpers
+
+    @functools.cached_property
+    def drafter_prefill_passes_query_bound(self) -> bool:
+        """Whether this vLLM's drafter prefill, reusing the target's
+        agreement, passes its batch's query-length bound beside it (0.34's
+        ``TargetDependentARSpeculator``: the bound the target's step passed),
+        rather than none (earlier releases)."""
+        text = self.source_text(_TARGET_DEPENDENT_SPECULATOR)
+        if text is None:
+            return False
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            return False
+        return any(
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) == "dispatch_cg_and_sync_dp"
+            and {"max_query_len", "dp_sync_state"}
+            <= {keyword.arg for keyword in node.keywords}
+            for node in ast.walk(tree)
+        )
 
     def source_text(self, relative: str) -> str | None:
         """A file of the base vLLM (e.g. its model runner), read not executed."""
@@ -223,6 +263,13 @@ def _load(spec: TargetSpec) -> Target:
             f"{spec.base}: vllm/config/compilation.py has no CUDAGraphMode"
         )
     api = adapters.adapt(dp_utils, cudagraph_utils, mode_enum)
+    split_sizes = None
+    if takes_split_sizes(
+        tuple(inspect.signature(cudagraph_utils.CudaGraphManager).parameters)
+    ):
+        split_sizes = load_split_sizes(
+            package_dir, version, compilation, loader.module(MATH_UTILS_MODULE)
+        )
     return Target(
         spec=spec,
         version=version,
@@ -232,6 +279,7 @@ def _load(spec: TargetSpec) -> Target:
         cudagraph_utils=cudagraph_utils,
         compilation=compilation,
         api=api,
+        split_sizes=split_sizes,
     )
 
 

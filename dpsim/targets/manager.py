@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import inspect
 from types import MethodType, SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpsim.records.policy import ManagerConfig, Microbatching
+
+if TYPE_CHECKING:
+    from dpsim.targets.split_sizes import SplitSizes
 
 
 class ParallelConfigStandIn:
@@ -37,6 +40,9 @@ class ParallelConfigStandIn:
         self.tensor_parallel_size = tensor_parallel_size
         self.pipeline_parallel_size = 1
         self.disable_nccl_for_dp_synchronization = True
+        # vLLM 0.34's DP fault tolerance, off: what a deployment runs unless
+        # it opts in (``--enable-fault-tolerance``).
+        self.enable_fault_tolerance = False
         if microbatching is None:
             self.enable_dbo = False
             self.ubatch_size = 1
@@ -98,24 +104,47 @@ class ConfigView(SimpleNamespace):
 _VIEW_INTERNALS = frozenset({"_real_class", "defaulted"})
 
 
-def _vllm_config(config: ManagerConfig, compilation_class: type | None) -> ConfigView:
+def _vllm_config(
+    config: ManagerConfig,
+    compilation_class: type | None,
+    mode: Any,
+    split: SplitSizes | None,
+) -> ConfigView:
     parallel = ParallelConfigStandIn(
         data_parallel_size=config.data_parallel_size,
         tensor_parallel_size=config.tensor_parallel_size,
         microbatching=config.microbatching,
     )
-    return ConfigView(
-        scheduler_config=ConfigView(max_num_seqs=config.max_num_seqs),
-        compilation_config=ConfigView(
-            compilation_class,
-            cudagraph_capture_sizes=list(config.capture_sizes),
-            max_cudagraph_capture_size=config.effective_max_capture_size,
-        ),
+    compilation = ConfigView(
+        compilation_class,
+        cudagraph_capture_sizes=list(config.capture_sizes),
+        max_cudagraph_capture_size=config.effective_max_capture_size,
+    )
+    scheduler = ConfigView(max_num_seqs=config.max_num_seqs)
+    view = ConfigView(
+        scheduler_config=scheduler,
+        compilation_config=compilation,
         parallel_config=parallel,
         speculative_config=None,
         num_speculative_tokens=max(config.decode_query_len - 1, 0),
         lora_config=None,
     )
+    if split is not None:
+        from dpsim.targets.split_sizes import SPLIT_FIELDS
+
+        for name in SPLIT_FIELDS:
+            setattr(compilation, name, None)
+        compilation.cudagraph_mode = mode
+        # The scheduler's budget drops nothing the policy lists
+        # (dpsim.targets.split_sizes says why).
+        scheduler.max_num_batched_tokens = max(
+            config.effective_max_capture_size,
+            config.max_num_seqs * config.decode_query_len,
+            1,
+        )
+        view.performance_mode = "balanced"
+        split.bind(view)
+    return view
 
 
 class _MicrobatchRunnerPlaceholder:
@@ -129,18 +158,26 @@ def build_manager(
     mode_enum: Any,
     config: ManagerConfig,
     compilation_class: type | None = None,
+    split: SplitSizes | None = None,
 ) -> Any:
     """Construct ``manager_class`` for ``config`` and mark its graphs captured.
 
     ``compilation_class`` is the version's own ``CompilationConfig``, whose
     methods the manager may call on its config (older versions round capture
-    sizes for spec decode that way).
+    sizes for spec decode that way). ``split`` is the release's own
+    resolution of 0.34's prefill and decode tables
+    (:mod:`dpsim.targets.split_sizes`), for a manager that takes
+    ``decode_query_lens``; it must be given for one.
     """
-    vllm_config = _vllm_config(config, compilation_class)
+    mode = mode_enum[config.cudagraph_mode]
+    parameters = inspect.signature(manager_class).parameters
+    if split is None and "decode_query_lens" in parameters:
+        raise ValueError("a manager taking decode_query_lens needs its SplitSizes")
+    vllm_config = _vllm_config(config, compilation_class, mode, split)
     offered: dict[str, Any] = {
         "vllm_config": vllm_config,
         "device": "cpu",
-        "cudagraph_mode": mode_enum[config.cudagraph_mode],
+        "cudagraph_mode": mode,
         "decode_query_len": config.decode_query_len,
         "lora_capture_cases": (
             list(config.lora_capture_cases)
@@ -152,7 +189,8 @@ def build_manager(
             _MicrobatchRunnerPlaceholder() if config.microbatching else None
         ),
     }
-    parameters = inspect.signature(manager_class).parameters
+    if split is not None:
+        offered["decode_query_lens"] = split.resolve(vllm_config)
     kwargs = {name: value for name, value in offered.items() if name in parameters}
     manager = manager_class(**kwargs)
     # Capture would run the model on a GPU; what dispatch needs is only the

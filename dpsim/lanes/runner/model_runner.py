@@ -72,7 +72,6 @@ from dpsim.lanes.runner.stream import EngineOptions
 from dpsim.lanes.runner.strict import StrictObject, gap, instance, standin
 from dpsim.records.policy import CapturePolicy
 from dpsim.targets.load import Target
-from dpsim.targets.manager import build_manager
 from dpsim.targets.shim import LENIENT, ModuleLoader, is_stub, parse_source
 from dpsim.targets.standins import STAND_INS
 
@@ -743,11 +742,8 @@ def build_model_runner(
                 f"runner lane: the capture policy's {what} ({policy_value}) is not "
                 f"the engine's ({engine_value})"
             )
-    manager = build_manager(
-        target.cudagraph_utils.ModelCudaGraphManager,
-        target.CUDAGraphMode,
-        policy.manager_config(dp_size),
-        target.compilation.__dict__.get("CompilationConfig"),
+    manager = target.build_manager(
+        policy.manager_config(dp_size), target.cudagraph_utils.ModelCudaGraphManager
     )
     install_graphs(manager)
     _bind(kit, manager, sync, _draft_model_speculator(sources, speculator))

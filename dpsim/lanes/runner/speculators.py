@@ -266,7 +266,10 @@ def build_speculator(
     # sync lane's managers do; the speculator and its forward context also
     # read the model's length and this rank's place in the DP group.
     vllm_config = manager_vllm_config(
-        tables.drafter_prefill, target.compilation.__dict__.get("CompilationConfig")
+        tables.drafter_prefill,
+        target.compilation.__dict__.get("CompilationConfig"),
+        target.CUDAGraphMode[tables.drafter_prefill.cudagraph_mode],
+        target.split_sizes,
     )
     vllm_config.model_config = standin(
         "ModelConfig", max_model_len=options.max_model_len

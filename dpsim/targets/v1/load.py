@@ -94,8 +94,12 @@ class V1Target(load.Target):
     def manager_class(self) -> type:
         return self.cudagraph_utils.CudagraphDispatcher
 
-    def build_manager(self, config: ManagerConfig) -> Any:
-        """A real, initialised ``CudagraphDispatcher`` of this version for ``config``."""
+    def build_manager(
+        self, config: ManagerConfig, manager_class: type | None = None
+    ) -> Any:
+        """A real, initialised ``CudagraphDispatcher`` of this version for
+        ``config`` (V1 has one kind: ``manager_class`` must be None)."""
+        assert manager_class is None
         return build_dispatcher(
             self.manager_class,
             self.CUDAGraphMode,
@@ -202,6 +206,7 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
         cudagraph_utils=dispatcher_module,
         compilation=compilation,
         api=api,
+        split_sizes=None,
         forward_context=forward_context,
         caller=caller,
         coordination_skippable=skippable,
