@@ -109,6 +109,8 @@ def _agreement_cell(agreement: Agreement | None) -> str:
         )
         if value is not None
     ]
+    if agreement.reports_max_query_len:
+        extras.append(f"max_query_len={agreement.max_query_len}")
     return " ".join([text, *extras])
 
 

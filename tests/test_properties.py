@@ -719,6 +719,8 @@ def test_a_phase_finds_the_first_agreement_differing_in_any_field() -> None:
         "skip_drafts": True,
         "cg_mode": CudagraphMode.FULL,
         "ubatch": True,
+        "max_query_len": 3,
+        "reports_max_query_len": True,
     }
     assert set(changed) == {field.name for field in fields(Agreement)}
     for name, value in changed.items():

@@ -7,14 +7,17 @@ none; ``eager`` is set only when every rank runs eager; its request bound
 (``num_reqs``, where the version has it) is at least every rank's request
 count, and is the largest of them unless a FULL graph imposed its padded
 count; ``skip_drafts`` (where the version has it) is set exactly when every
-rank allowed it.
+rank allowed it; the query-length bound (where the version agrees one, 0.34+)
+is the largest rank's, or None when any rank has none.
 
 Why: ``agreement`` only asks that ranks got the same values, so an agreement
 computed wrongly but identically everywhere (a uniform length no rank has, a
 request bound below a rank's batch, drafts skipped that a rank needed) passes
 it, and callers then size buffers or skip work from a wrong number. Guards:
 agreed values computed from the wrong rank or the wrong reduction (30173,
-35294, 40589/44185 for skipped drafts).
+35294, 40589/44185 for skipped drafts). A reusing dispatch takes the agreed
+bound in place of its own (0.34+), so a bound below a rank's would put that
+rank's longer queries into a varlen graph too narrow for them.
 
 Not run on the V1 runner: ``coordinate_batch_across_dp`` returns no
 ``DPSyncState``, and what it does agree (the least mode, microbatching, the
@@ -71,6 +74,14 @@ def _wrong_value(phase: Phase, agreement: Agreement) -> str | None:
                 f"agreed request bound {agreement.num_reqs}, but the ranks have "
                 f"up to {most} requests"
                 + (f" (FULL graph pads to {padded.pop()})" if len(padded) == 1 else "")
+            )
+    if agreement.reports_max_query_len:
+        bounds = [batch.max_query_len for batch in inputs]
+        expected_bound = None if None in bounds else max(bounds)  # type: ignore[type-var]
+        if agreement.max_query_len != expected_bound:
+            return (
+                f"agreed query-length bound {agreement.max_query_len}, but the "
+                f"ranks passed {bounds}"
             )
     if agreement.skip_drafts is not None:
         votes = [batch.allow_skip_drafts for batch in inputs]

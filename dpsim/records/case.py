@@ -172,7 +172,8 @@ class Case:
     #: Drafter scenario, contract profile: ``reuse_calls[s][r]`` is what rank
     #: ``r``'s drafter prefill passes at step ``s`` beside the reused
     #: agreement. Empty: the prefill passes the target batch's own request
-    #: count and LoRA count and no query bound, as vLLM's drafters do.
+    #: count and LoRA count, and no query bound (0.34+: the target batch's),
+    #: as vLLM's drafters do.
     reuse_calls: tuple[tuple[ReuseCall, ...], ...] = ()
 
     @property

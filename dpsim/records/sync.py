@@ -132,6 +132,11 @@ class Agreement:
     synced (0.13 and later) and whether it decided to microbatch. Their JSON
     keys are written only when set, so a V2 agreement reads and writes exactly
     as it did before V1 existed.
+
+    ``max_query_len`` is the agreed query-length bound (0.34+), where None is
+    an answer (some rank has no bound), so ``reports_max_query_len`` says
+    whether the version agrees one at all; its JSON key is written exactly
+    when it does.
     """
 
     num_tokens_across_dp: tuple[int, ...]
@@ -141,6 +146,8 @@ class Agreement:
     skip_drafts: bool | None = None
     cg_mode: CudagraphMode | None = None
     ubatch: bool | None = None
+    max_query_len: int | None = None
+    reports_max_query_len: bool = False
 
     @classmethod
     def unchecked(
@@ -150,6 +157,8 @@ class Agreement:
         eager: bool | None,
         num_reqs: int | None,
         skip_drafts: bool | None,
+        max_query_len: int | None = None,
+        reports_max_query_len: bool = False,
     ) -> Agreement:
         """Same as the constructor with the V2 fields given (the V1 runner's
         left None), without a frozen ``__setattr__`` per field."""
@@ -162,6 +171,8 @@ class Agreement:
         fields["skip_drafts"] = skip_drafts
         fields["cg_mode"] = None
         fields["ubatch"] = None
+        fields["max_query_len"] = max_query_len
+        fields["reports_max_query_len"] = reports_max_query_len
         return record
 
     def to_json(self) -> dict[str, Any]:
@@ -172,11 +183,18 @@ class Agreement:
                 del data[optional]
         if self.cg_mode is not None:
             data["cg_mode"] = self.cg_mode.value
+        if not data.pop("reports_max_query_len"):
+            del data["max_query_len"]
         return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Agreement:
-        complete = {name: None for name in _V1_AGREEMENT_FIELDS} | data
+        complete = (
+            {name: None for name in _V1_AGREEMENT_FIELDS}
+            | {"max_query_len": None}
+            | data
+            | {"reports_max_query_len": "max_query_len" in data}
+        )
         agreement = _filled(cls, complete)
         counts = tuple(data["num_tokens_across_dp"])
         agreement.__dict__["num_tokens_across_dp"] = counts

@@ -74,6 +74,7 @@ ubatch_program = _stepping("ubatch", with_manager=True)
 
 def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
     reuse = setting.target.api.has("reuse")
+    passes_query_bound = setting.target.drafter_prefill_passes_query_bound
     for index, step in enumerate(case.steps):
         batch = step[rank]
         phase = f"step {index}"
@@ -84,11 +85,13 @@ def drafter_program(setting: RankSetting, case: Case, rank: int) -> None:
             agreement, "skip_drafts", False
         ):
             continue
-        # The drafter's prefill runs the target's padded batch shape.
+        # The drafter's prefill runs the target's padded batch shape, and
+        # (0.34+) passes the query bound the target's step passed.
         prefill = RankBatch(
             num_reqs=batch.num_reqs,
             num_tokens=descriptor.num_tokens,
             uniform_token_count=batch.uniform_token_count,
+            max_query_len=(batch.max_query_len if passes_query_bound else None),
             need_eager=batch.need_eager and batch.kind == "profile",
             kind=batch.kind,
         )

@@ -455,6 +455,7 @@ def agreement_of(native: Any) -> Agreement | None:
 
 def _state_agreement(state: Any) -> Agreement:
     skip_drafts = getattr(state, "skip_drafts", _ABSENT)
+    max_query_len = getattr(state, "max_query_len", _ABSENT)
     eager = state.eager
     return Agreement.unchecked(
         _counts(state.num_tokens_across_dp),
@@ -462,6 +463,8 @@ def _state_agreement(state: Any) -> Agreement:
         eager if type(eager) is bool else bool(eager),
         _optional_int(getattr(state, "num_reqs", None)),
         None if skip_drafts is _ABSENT else bool(skip_drafts),
+        None if max_query_len is _ABSENT else _optional_int(max_query_len),
+        max_query_len is not _ABSENT,
     )
 
 
