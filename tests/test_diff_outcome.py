@@ -68,6 +68,21 @@ def test_an_agreement_field_added_on_one_runner_is_a_difference() -> None:
     assert differences(base, observed(), COMPARED) == {"agreement.num_reqs"}
 
 
+def test_an_agreed_query_bound_is_one_kind_and_its_none_differs_from_none_agreed() -> (
+    None
+):
+    reported_none = replace(AGREEMENT, reports_max_query_len=True)
+    reported_three = replace(reported_none, max_query_len=3)
+    unreported, none, three = (
+        observed(sync(agreement=agreement))
+        for agreement in (AGREEMENT, reported_none, reported_three)
+    )
+    assert differences(unreported, none, COMPARED) == {"agreement.max_query_len"}
+    assert differences(none, three, COMPARED) == {"agreement.max_query_len"}
+    assert differences(three, three, COMPARED) == frozenset()
+    assert "agreement.reports_max_query_len" not in KINDS
+
+
 def test_across_runners_a_field_one_side_leaves_unset_is_not_compared() -> None:
     v1 = observed(
         sync(agreement=Agreement((8, 8), cg_mode=CudagraphMode.FULL)), runner="v1"

@@ -36,7 +36,11 @@ DESCRIPTOR_KINDS = {
     "num_ubatches": "split",
 }
 _DESCRIPTOR_FIELDS = tuple(field.name for field in fields(Descriptor))
-_AGREEMENT_FIELDS = tuple(field.name for field in fields(Agreement))
+#: ``reports_max_query_len`` is compared as part of ``max_query_len`` (an
+#: unreported bound differs from a reported None), not as a kind of its own.
+_AGREEMENT_FIELDS = tuple(
+    field.name for field in fields(Agreement) if field.name != "reports_max_query_len"
+)
 
 #: Every kind of difference, in the order reports list them.
 KINDS: tuple[str, ...] = (
@@ -177,9 +181,19 @@ def _rank_syncs(left: RankObserved, right: RankObserved, across: bool) -> Iterat
             continue
         for name in _AGREEMENT_FIELDS:
             if _differs(
-                getattr(mine.agreement, name), getattr(theirs.agreement, name), across
+                _agreed(mine.agreement, name), _agreed(theirs.agreement, name), across
             ):
                 yield f"agreement.{name}"
+
+
+def _agreed(agreement: Agreement, name: str) -> object:
+    """A field of ``agreement`` as compared: the query bound with whether the
+    version reports one (None when it does not, like any unreported field)."""
+    if name == "max_query_len":
+        if not agreement.reports_max_query_len:
+            return None
+        return ("reported", agreement.max_query_len)
+    return getattr(agreement, name)
 
 
 def _differs(left: object, right: object, across: bool) -> bool:
