@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.dpsim-setup
 TORCH_SPEC ?= torch==2.13.0
 # Releases the tests load; fetched once into the dpsim cache ($$DPSIM_CACHE).
-TEST_RELEASES ?= 0.11.1 0.12.0 0.13.0 0.17.0 0.18.0 0.20.0 0.22.0 0.24.0 0.25.0 0.28.0 0.29.0 0.30.0 0.32.0 0.33.0
+TEST_RELEASES ?= 0.11.1 0.12.0 0.13.0 0.17.0 0.18.0 0.20.0 0.22.0 0.24.0 0.25.0 0.28.0 0.29.0 0.30.0 0.32.0 0.33.0 0.34.0
 # Fetched with the runner lane's files, in one download each (tests of the
 # lane would otherwise fetch these entries a second time while they run).
 RUNNER_TEST_RELEASES ?= 0.26.0 0.27.0 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0

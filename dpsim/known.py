@@ -42,26 +42,26 @@ class KnownFinding:
         )
 
 
-_V30_TO_V33 = ("0.30", "0.31", "0.32", "0.33")
+_V30_TO_V34 = ("0.30", "0.31", "0.32", "0.33", "0.34")
 
 KNOWN_FINDINGS: tuple[KnownFinding, ...] = (
     KnownFinding(
         1,
         "need_eager is ignored when every rank votes to microbatch",
-        _V30_TO_V33,
+        _V30_TO_V34,
         ("eager-contagion",),
     ),
     KnownFinding(
         2,
         "vLLM 57020, a rank with an empty last microbatch replays a FULL "
         "microbatched graph",
-        _V30_TO_V33,
+        _V30_TO_V34,
         ("ubatch-split",),
     ),
     KnownFinding(
         3,
         "the drafter's reuse path re-dispatches with each rank's own request count",
-        ("0.29", *_V30_TO_V33),
+        ("0.29", *_V30_TO_V34),
         ("no-hang", "eager-contagion"),
         scenarios=("drafter",),
         profiles=("contract",),
