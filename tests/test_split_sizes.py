@@ -160,3 +160,24 @@ def test_check_on_034_finds_the_least_bound_sync_in_its_default_search(
     )
     assert status == 1
     assert "agreed query-length bound" in capsys.readouterr().out
+
+
+def test_a_draft_decode_table_takes_the_request_grid_up_to_max_num_seqs() -> None:
+    # 0.34's EAGLE-style speculator gives its one-token draft decodes the
+    # request-count grid up to max_num_seqs, whatever the shared sizes: with
+    # sizes up to 8 tokens, 13 one-token requests still pad to a 14 graph.
+    from dpsim.scenarios.run import tables_for
+
+    target = load_target(RELEASE)
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode="FULL_AND_PIECEWISE",
+        max_num_seqs=16,
+        decode_query_len=3,
+    )
+    decode = target.build_manager(tables_for(target, policy, 2).drafter_decode)
+    assert decode.decode_request_sizes == [1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16]
+    chosen = decode.dispatch(13, 13, 1, 0)
+    assert (chosen.cg_mode, chosen.num_tokens) == (target.CUDAGraphMode.FULL, 14)
+    older = load_target("0.33.0")
+    assert tables_for(older, policy, 2).drafter_decode.draft_decode_for is None

@@ -108,6 +108,10 @@ class ManagerConfig:
     tensor_parallel_size: int = 1
     #: Whether the model is an encoder-decoder one (``model_config.is_encoder_decoder``).
     encoder_decoder: bool = False
+    #: Set on a speculator's one-token draft decode table (0.34+): the
+    #: target's decode query length, from which the deployment's config
+    #: (and so this table's request sizes) is resolved.
+    draft_decode_for: int | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property

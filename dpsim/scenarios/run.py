@@ -128,6 +128,10 @@ def _drafter_decode(target: Target, prefill: ManagerConfig) -> ManagerConfig:
         cudagraph_mode=CudagraphMode.FULL_DECODE_ONLY
         if full_decodes
         else CudagraphMode.NONE,
+        # 0.34+: its own request sizes, from the deployment's config.
+        draft_decode_for=(
+            prefill.decode_query_len if target.split_sizes is not None else None
+        ),
     )
 
 

@@ -130,20 +130,28 @@ def _vllm_config(
         lora_config=None,
     )
     if split is not None:
-        from dpsim.targets.split_sizes import SPLIT_FIELDS
+        from dpsim.targets.split_sizes import SPLIT_FIELDS, SpeculativeConfigStandIn
 
         for name in SPLIT_FIELDS:
             setattr(compilation, name, None)
         compilation.cudagraph_mode = mode
+        # One config per deployment: a draft decode table's is the target's.
+        target_query_len = config.draft_decode_for or config.decode_query_len
+        view.num_speculative_tokens = target_query_len - 1
+        if target_query_len > 1:
+            view.speculative_config = SpeculativeConfigStandIn(
+                target_query_len - 1, config.varlen_decode
+            )
         # The scheduler's budget drops nothing the policy lists
         # (dpsim.targets.split_sizes says why).
         scheduler.max_num_batched_tokens = max(
             config.effective_max_capture_size,
-            config.max_num_seqs * config.decode_query_len,
+            config.max_num_seqs * target_query_len,
             1,
         )
         view.performance_mode = "balanced"
         split.bind(view)
+        split.resolve(view)
     return view
 
 
@@ -189,8 +197,16 @@ def build_manager(
             _MicrobatchRunnerPlaceholder() if config.microbatching else None
         ),
     }
-    if split is not None:
-        offered["decode_query_lens"] = split.resolve(vllm_config)
+    if split is not None and config.draft_decode_for is not None:
+        # What 0.34's autoregressive speculator passes its draft decode manager.
+        offered["decode_query_lens"] = {1: config.max_num_seqs}
+        offered["decode_request_sizes"] = (
+            vllm_config.get_draft_decode_cudagraph_request_sizes()
+        )
+    elif split is not None:
+        offered["decode_query_lens"] = vllm_config.get_decode_cudagraph_query_lens(
+            config.decode_query_len
+        )
     kwargs = {name: value for name, value in offered.items() if name in parameters}
     manager = manager_class(**kwargs)
     # Capture would run the model on a GPU; what dispatch needs is only the

@@ -26,7 +26,12 @@ three modelled facts said here once:
   widest decode batch, so the scheduler's budget drops nothing the policy
   lists (as it drops nothing a deployment could run);
 * no dynamic speculative decoding schedule, so each table has one uniform
-  query length, the policy's ``decode_query_len``.
+  query length, the policy's ``decode_query_len``;
+* with speculative decoding (``decode_query_len`` above 1) the drafter is
+  an EAGLE-style autoregressive one, the kind whose one-token draft decodes
+  take their own request-count table
+  (``VllmConfig.get_draft_decode_cudagraph_request_sizes``), and adaptive
+  verification is on exactly when the policy asks for varlen decode graphs.
 """
 
 from __future__ import annotations
@@ -80,6 +85,35 @@ class _NotBlackwell:
         )
 
 
+class SpeculativeConfigStandIn:
+    """``speculative_config`` of a deployment with an EAGLE-style drafter:
+    what the resolution asks of it, and nothing else."""
+
+    method = "eagle"
+
+    def __init__(self, num_speculative_tokens: int, adaptive: bool) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.enable_adaptive_verification = adaptive
+
+    @staticmethod
+    def uses_dynamic_speculative_decoding() -> bool:
+        return False
+
+    @staticmethod
+    def use_multi_module_mtp() -> bool:
+        return False
+
+    @staticmethod
+    def use_gemma4_mtp() -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise TargetError(
+            f"vLLM's capture-size resolution asked speculative_config.{name}, "
+            "which dpsim does not model"
+        )
+
+
 class _Logger:
     """vLLM's logger, silent: the resolution warns about deprecated sizes."""
 
@@ -105,14 +139,12 @@ class SplitSizes:
                 view.__dict__[name] = MethodType(function, view)
         view.__dict__["uniform_decode_query_len"] = getter(view)
 
-    def resolve(self, view: Any) -> dict[int, int]:
+    def resolve(self, view: Any) -> None:
         """Resolve ``view``'s compilation config into the split tables, in
-        place, and return the decode query lengths the manager takes."""
-        query_lens: dict[int, int] = view.get_decode_cudagraph_query_lens(
-            view.uniform_decode_query_len
-        )
+        place, for the target's decode query lengths, as
+        ``VllmConfig._set_cudagraph_sizes`` does once per deployment."""
+        query_lens = view.get_decode_cudagraph_query_lens(view.uniform_decode_query_len)
         view._split_cudagraph_capture_sizes(True, query_lens)
-        return query_lens
 
 
 def load_split_sizes(
