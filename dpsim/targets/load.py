@@ -28,6 +28,7 @@ from dpsim.targets.manager import ParallelConfigStandIn, build_manager
 from dpsim.targets.shim import LoadedFile, ModuleLoader
 from dpsim.targets.spec import OLDEST_RELEASE, ReleaseSpec, TargetSpec, parse_target
 from dpsim.targets.split_sizes import (
+    CONFIG_FILE,
     SplitSizes,
     load_split_sizes,
     takes_split_sizes,
@@ -38,6 +39,8 @@ DP_UTILS_MODULE = "vllm.v1.worker.gpu.dp_utils"
 CUDAGRAPH_MODULE = "vllm.v1.worker.gpu.cudagraph_utils"
 COMPILATION_MODULE = "vllm.config.compilation"
 MATH_UTILS_MODULE = "vllm.utils.math_utils"
+#: 0.34+: the file whose VllmConfig methods resolve the split capture tables.
+VLLM_CONFIG_MODULE = "vllm.config.vllm"
 _TARGET_DEPENDENT_SPECULATOR = (
     "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py"
 )
@@ -264,16 +267,19 @@ def _load(spec: TargetSpec) -> Target:
         )
     api = adapters.adapt(dp_utils, cudagraph_utils, mode_enum)
     split_sizes = None
+    files = list(loader.loaded)
     if takes_split_sizes(
         tuple(inspect.signature(cudagraph_utils.CudaGraphManager).parameters)
     ):
         split_sizes = load_split_sizes(
             package_dir, version, compilation, loader.module(MATH_UTILS_MODULE)
         )
+        # Read, not executed as a module: recorded so a replay checks it too.
+        files.append(LoadedFile.read(VLLM_CONFIG_MODULE, package_dir / CONFIG_FILE))
     return Target(
         spec=spec,
         version=version,
-        files=tuple(loader.loaded),
+        files=tuple(files),
         package_dir=package_dir,
         dp_utils=dp_utils,
         cudagraph_utils=cudagraph_utils,

@@ -76,6 +76,12 @@ class LoadedFile:
     path: str
     sha256: str
 
+    @classmethod
+    def read(cls, module: str, path: Path) -> LoadedFile:
+        """The record of ``path``, a file the target reads without executing
+        it as ``module`` (a caller method cut from it, say)."""
+        return cls(module, str(path), hashlib.sha256(path.read_bytes()).hexdigest())
+
 
 def parse_source(path: Path) -> tuple[bytes, ast.Module]:
     """A target source file's bytes and syntax tree; a one-line

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -183,13 +182,13 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
     if _has_caller(caller_path) or spec.caller_file is not None:
         globals_ = _caller_globals(loader, mode_enum, descriptor, recorded)
         caller = caller_module.extract(caller_path, version, globals_)
-        files = [*loader.loaded, _hashed(load.V1_CALLER_MODULE, caller_path)]
+        files = [*loader.loaded, LoadedFile.read(load.V1_CALLER_MODULE, caller_path)]
         api = _adapt(dp_utils, sync, caller, descriptor, mode_enum)
     elif "allow_dp_padding" in inspect.signature(sync).parameters:
         # 0.11.x: the sync sits inside _prepare_inputs; its caller is modelled.
         modelled = ModelledCaller(recorded, descriptor, mode_enum)
         # Hashed all the same: the release the model follows is this file.
-        files = [*loader.loaded, _hashed(load.V1_CALLER_MODULE, caller_path)]
+        files = [*loader.loaded, LoadedFile.read(load.V1_CALLER_MODULE, caller_path)]
         api = _adapt(dp_utils, sync, modelled, descriptor, mode_enum)
     else:
         raise TargetError(
@@ -287,10 +286,6 @@ def _caller_globals(
             if not name.startswith("_") and inspect.isfunction(value):
                 named.setdefault(name, value)
     return named
-
-
-def _hashed(module: str, path: Path) -> LoadedFile:
-    return LoadedFile(module, str(path), hashlib.sha256(path.read_bytes()).hexdigest())
 
 
 def _adapt(
