@@ -12,7 +12,7 @@ provider's steps in the provider's order: a constant one time in twenty
 the sampler's outcome, else a point of the same distribution between the
 same CDF values. So it draws the same value from the same random state:
 tests/test_search_integers.py checks that against the provider itself. It
-follows Hypothesis 6.170.17's provider
+follows the provider of the Hypothesis versions it was checked on
 (:data:`dpsim.search.internals.CHECKED_ON`); :func:`lean` says when it holds.
 """
 
