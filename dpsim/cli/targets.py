@@ -20,6 +20,7 @@ from dpsim.targets.cache import (
     ensure_release,
     refetch_release,
 )
+from dpsim.targets.compat import fits
 from dpsim.targets.spec import ReleaseSpec, check_release, parse_base
 from dpsim.targets.v1.load import V1Target
 
@@ -258,7 +259,7 @@ def fetch(
 
 def describe(target: Target) -> dict[str, Any]:
     api = target.api
-    described = {
+    described: dict[str, Any] = {
         "target": target.label,
         "runner": target.runner,
         "spec": target.spec.to_dict(),
@@ -274,6 +275,8 @@ def describe(target: Target) -> dict[str, Any]:
     }
     if isinstance(target, V1Target):
         described["v1"] = target.what_loaded()
+    else:
+        described["unknown"] = [misfit.to_json() for misfit in fits(target)]
     return described
 
 
@@ -297,6 +300,12 @@ def render(target: Target) -> str:
         f"  descriptor: {descriptor}({', '.join(api.descriptor_fields)})",
         f"  features:   {' '.join(api.features) or '(none beyond the basic sync)'}",
     ]
+    if not isinstance(target, V1Target):
+        misfits = fits(target)
+        if not misfits:
+            lines.append("  fits:       every name dpsim drives is one it knows")
+        for misfit in misfits:
+            lines.append(f"  unknown:    {misfit.describe()}")
     for loaded in target.files:
         lines.append(f"  loaded:     {loaded.path}  sha256 {loaded.sha256[:12]}")
     return "\n".join(lines)

@@ -75,14 +75,25 @@ class ConfigView(SimpleNamespace):
     A method the manager calls on it is the version's own, taken from the
     real config class (``real_class``) and bound to this view. Any other
     attribute the manager reads is absent from the configuration being
-    modelled, so it reads as off (``None``), the default of every such
-    feature switch; ``defaulted`` records those names for diagnostics.
+    modelled, so it reads as off (an empty view, false), the default of
+    every such feature switch. ``defaulted`` records those names, dotted
+    from the outermost view (``cache_config.use_kda_recoverssm``), in one
+    set that every view nested in it shares: what ``dpsim targets`` reports
+    as read but not modelled.
     """
 
     def __init__(self, real_class: type | None = None, **values: Any) -> None:
         super().__init__(**values)
         self.__dict__["_real_class"] = real_class
         self.__dict__["defaulted"] = set()
+        self.__dict__["_path"] = ""
+
+    def nest(self, name: str, view: ConfigView) -> ConfigView:
+        """Hold ``view`` as this view's ``name``, recording into this one's log."""
+        view.__dict__["defaulted"] = self.__dict__["defaulted"]
+        view.__dict__["_path"] = f"{self.__dict__['_path']}{name}."
+        setattr(self, name, view)
+        return view
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -91,8 +102,12 @@ class ConfigView(SimpleNamespace):
         method = getattr(real_class, name, None) if real_class is not None else None
         if inspect.isfunction(method):
             return MethodType(method, self)
-        self.__dict__["defaulted"].add(name)
-        return ConfigView()
+        path = f"{self.__dict__['_path']}{name}"
+        self.__dict__["defaulted"].add(path)
+        absent = ConfigView()
+        absent.__dict__["defaulted"] = self.__dict__["defaulted"]
+        absent.__dict__["_path"] = f"{path}."
+        return absent
 
     def __bool__(self) -> bool:
         # An empty view stands for an absent sub-config (``if spec_config:``).
@@ -101,7 +116,7 @@ class ConfigView(SimpleNamespace):
         )
 
 
-_VIEW_INTERNALS = frozenset({"_real_class", "defaulted"})
+_VIEW_INTERNALS = frozenset({"_real_class", "defaulted", "_path"})
 
 
 def _vllm_config(
@@ -115,19 +130,22 @@ def _vllm_config(
         tensor_parallel_size=config.tensor_parallel_size,
         microbatching=config.microbatching,
     )
-    compilation = ConfigView(
-        compilation_class,
-        cudagraph_capture_sizes=list(config.capture_sizes),
-        max_cudagraph_capture_size=config.effective_max_capture_size,
-    )
-    scheduler = ConfigView(max_num_seqs=config.max_num_seqs)
     view = ConfigView(
-        scheduler_config=scheduler,
-        compilation_config=compilation,
         parallel_config=parallel,
         speculative_config=None,
         num_speculative_tokens=max(config.decode_query_len - 1, 0),
         lora_config=None,
+    )
+    compilation = view.nest(
+        "compilation_config",
+        ConfigView(
+            compilation_class,
+            cudagraph_capture_sizes=list(config.capture_sizes),
+            max_cudagraph_capture_size=config.effective_max_capture_size,
+        ),
+    )
+    scheduler = view.nest(
+        "scheduler_config", ConfigView(max_num_seqs=config.max_num_seqs)
     )
     if split is not None:
         from dpsim.targets.split_sizes import SPLIT_FIELDS, SpeculativeConfigStandIn
@@ -153,6 +171,30 @@ def _vllm_config(
         split.bind(view)
         split.resolve(view)
     return view
+
+
+#: Config attributes a release's manager reads that dpsim models, by name, as
+#: off (the deployments it models do not use them): reading any other one is
+#: news that ``dpsim targets`` reports (:mod:`dpsim.targets.compat`).
+MODELLED_OFF = frozenset(
+    {
+        # recoverSSM (KDA) models' dummy-query cap (0.30+): no such model here.
+        "cache_config.use_kda_recoverssm",
+    }
+)
+#: Every constructor argument :func:`build_manager` can pass (each only to a
+#: manager that takes it).
+OFFERED_MANAGER_ARGUMENTS = (
+    "vllm_config",
+    "device",
+    "cudagraph_mode",
+    "decode_query_len",
+    "decode_query_lens",
+    "decode_request_sizes",
+    "lora_capture_cases",
+    "varlen_decode",
+    "ubatch_runner",
+)
 
 
 class _MicrobatchRunnerPlaceholder:
@@ -207,6 +249,7 @@ def build_manager(
         offered["decode_query_lens"] = vllm_config.get_decode_cudagraph_query_lens(
             config.decode_query_len
         )
+    assert set(offered) <= set(OFFERED_MANAGER_ARGUMENTS)
     kwargs = {name: value for name, value in offered.items() if name in parameters}
     manager = manager_class(**kwargs)
     # Capture would run the model on a GPU; what dispatch needs is only the
