@@ -181,3 +181,35 @@ def test_a_draft_decode_table_takes_the_request_grid_up_to_max_num_seqs() -> Non
     assert (chosen.cg_mode, chosen.num_tokens) == (target.CUDAGraphMode.FULL, 14)
     older = load_target("0.33.0")
     assert tables_for(older, policy, 2).drafter_decode.draft_decode_for is None
+
+
+@pytest.mark.parametrize("passed", [None, 1, 3])
+def test_a_reusing_prefill_is_judged_by_the_bound_034_documents_it_takes(
+    passed: int | None,
+) -> None:
+    # 0.34's reuse path dispatches with the agreed bound "including when it
+    # is None", whatever the caller passes: coverage judges the graph against
+    # the agreed bound (1 here), so a reused call passing none, the same or a
+    # longer one runs the same graph and holds.
+    from dpsim.records.case import ReuseCall
+
+    policy = CapturePolicy(
+        capture_sizes=(1, 2, 4, 8),
+        cudagraph_mode="FULL_DECODE_ONLY",
+        max_num_seqs=16,
+        decode_query_len=2,
+        varlen_decode=True,
+    )
+    batch = RankBatch(num_reqs=1, num_tokens=1, uniform_token_count=1, max_query_len=1)
+    case = Case(
+        "drafter",
+        "contract",
+        policy,
+        ((batch, batch),),
+        num_speculative_steps=1,
+        reuse_calls=((ReuseCall(1, passed), ReuseCall(1, passed)),),
+    )
+    result = run_case(load_target(RELEASE), case)
+    phase = next(p for p in Evidence(case, result).phases if p.any_reused)
+    assert {d.max_query_len for d in phase.descriptors} == {2}
+    assert not judge(case, result, select(["coverage"]))

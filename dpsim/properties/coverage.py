@@ -7,7 +7,11 @@ at the agreed count); a graph holds at least the rank's tokens; if it pads
 requests, at least the rank's requests; if it is a uniform-decode graph, the
 rank's batch is a uniform decode of that length; if it bounds the query
 length, the rank's batch declares a bound no larger; and a graph's LoRA case
-holds at least the rank's active LoRAs.
+holds at least the rank's active LoRAs. A sync that reuses an agreement
+carrying a query-length bound (0.34+) is documented to take that bound in
+place of the one it is passed ("including when it is None"), so its batch's
+bound is the agreed one: the bound vLLM's callers pass there is the target
+step's own, which ``agreed-values`` holds the agreement to.
 
 Why: an agreed shape that is too small for one rank's real batch makes that
 rank's graph replay read or write past its inputs: crashes such as reshape
@@ -24,6 +28,8 @@ no query-length bound.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from dpsim.records.case import RankBatch, SyncInputs
 from dpsim.records.sync import Descriptor
@@ -96,6 +102,7 @@ def shortfall(
 def judge(evidence: Evidence) -> Verdict | None:
     runner = evidence.runner
     for phase in evidence.complete_phases:
+        reused = phase.any_reused
         for rank, (batch, descriptor, agreement) in enumerate(
             zip(phase.all_inputs, phase.descriptors, phase.agreements, strict=True)
         ):
@@ -104,6 +111,13 @@ def judge(evidence: Evidence) -> Verdict | None:
                 if agreement is not None and agreement.eager is not True
                 else None
             )
+            if (
+                reused
+                and agreement is not None
+                and agreement.reports_max_query_len
+                and phase.records[rank].reused  # type: ignore[union-attr]
+            ):
+                batch = replace(batch, max_query_len=agreement.max_query_len)
             reason = shortfall(batch, descriptor, agreed_count, runner)
             if reason is not None:
                 return Verdict(
