@@ -36,6 +36,13 @@ def parse_ranks(text: str) -> tuple[int, int]:
 #: The model runners whose DP coordination dpsim checks.
 RUNNERS = ("v1", "v2")
 
+#: What --seed and --profile mean, wherever a command takes them.
+SEED_HELP = "the search's seed (default 0): the same seed draws the same cases"
+PROFILE_HELP = (
+    "caller (default): what vLLM's model runner passes; contract: everything "
+    "the sync's documented contract allows"
+)
+
 #: What ``--runner`` means, said alike by every command and the pytest plugin.
 RUNNER_HELP = (
     "whose DP coordination to check: v1 = the V1 model runner "

@@ -55,7 +55,12 @@ RUNNERS_BESIDE = ("v2", "v1")
 
 def register(commands: Any) -> None:
     parser = add_command(commands, "bench", HELP, EPILOG)
-    parser.add_argument("--vllm", default="0.29.0", metavar="SPEC")
+    parser.add_argument(
+        "--vllm",
+        default="0.29.0",
+        metavar="SPEC",
+        help="the release, tree or package dir measured (default 0.29.0)",
+    )
     add_runner_argument(parser)
     parser.add_argument(
         "--ranks",

@@ -36,6 +36,8 @@ from dpsim.lanes.runner.check import DEFAULT_RUNNER_EXAMPLES
 from dpsim.lanes.runner.check import DEFAULT_RUNNER_RANKS as RUNNER_RANKS
 from dpsim.limits import MAX_RANKS
 from dpsim.options import (
+    PROFILE_HELP,
+    SEED_HELP,
     add_lane_argument,
     add_runner_argument,
     lane_runner,
@@ -95,6 +97,7 @@ def register(commands: Any) -> None:
         default=[],
         metavar="NAME",
         choices=ALL_PROPERTY_NAMES,
+        help="only this property (repeatable; default: all the lane judges)",
     )
     parser.add_argument(
         "--examples",
@@ -105,7 +108,7 @@ def register(commands: Any) -> None:
         f"lane's: {DEFAULT_RUNNER_EXAMPLES}); a failure is then shrunk, which runs "
         "more cases, counted apart",
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=SEED_HELP)
     parser.add_argument(
         "--out", default="dpsim-out", metavar="DIR", help="where counterexamples go"
     )
@@ -137,7 +140,9 @@ def add_case_arguments(
         choices=SCENARIOS,
         help="only this scenario (repeatable; default: all the target runs)",
     )
-    parser.add_argument("--profile", default="caller", choices=PROFILES)
+    parser.add_argument(
+        "--profile", default="caller", choices=PROFILES, help=PROFILE_HELP
+    )
     parser.add_argument(
         "--ranks",
         default=ranks_default,

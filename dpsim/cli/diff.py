@@ -22,7 +22,7 @@ from dpsim.diff import KINDS, DiffOptions, Sides, parse_sides, run_diff
 from dpsim.diff.report import exit_status, render, summary, write_case_files
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
-from dpsim.options import RUNNER_HELP, RUNNERS, parse_ranks
+from dpsim.options import RUNNER_HELP, RUNNERS, SEED_HELP, parse_ranks
 from dpsim.progress import StatusLine
 from dpsim.targets import load_spec
 
@@ -108,7 +108,7 @@ def register(commands: Any) -> None:
         help=f"cases per scenario (default {DEFAULT_EXAMPLES}); shrinking each "
         "kind runs more",
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=SEED_HELP)
     parser.add_argument(
         "--out", default="dpsim-out", metavar="DIR", help="where case files go"
     )

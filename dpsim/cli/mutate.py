@@ -44,7 +44,7 @@ from dpsim.mutate.runner import (
     runner_target,
     slots_of,
 )
-from dpsim.options import add_lane_argument, lane_runner, parse_ranks
+from dpsim.options import SEED_HELP, add_lane_argument, lane_runner, parse_ranks
 from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy
 from dpsim.targets import DEFAULT_RELEASE, load_target, parse_target
@@ -144,7 +144,7 @@ def register(commands: Any) -> None:
         metavar="ID",
         help="check only this mutant (repeatable), e.g. a survivor after a fix",
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=SEED_HELP)
     parser.add_argument(
         "--ranks",
         metavar="LO..HI",

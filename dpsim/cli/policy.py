@@ -45,7 +45,7 @@ from dpsim.costs.workload import decode_query_len_for, trace_path
 from dpsim.errors import UsageError
 from dpsim.isolation import prints_to_stderr, run_isolated
 from dpsim.limits import MAX_RANKS, int_problem
-from dpsim.options import add_runner_argument
+from dpsim.options import SEED_HELP, add_runner_argument
 from dpsim.records.case import PROFILES
 from dpsim.records.policy import CapturePolicy, ManagerConfig
 from dpsim.report import describe_policy
@@ -204,7 +204,7 @@ def _add_validate(actions: Any) -> None:
     validate.add_argument(
         "--steps", type=int, default=200, metavar="N", help="steps (default 200)"
     )
-    validate.add_argument("--seed", type=int, default=0, metavar="N")
+    validate.add_argument("--seed", type=int, default=0, metavar="N", help=SEED_HELP)
     validate.add_argument(
         "--examples",
         type=int,

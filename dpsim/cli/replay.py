@@ -84,7 +84,12 @@ def register(commands: Any) -> None:
         help="a counterexample JSON file, or a runner lane case file",
     )
     add_target_arguments(parser)
-    parser.add_argument("--backend", default="sim", choices=("sim", *BACKENDS))
+    parser.add_argument(
+        "--backend",
+        default="sim",
+        choices=("sim", *BACKENDS),
+        help="where the case reruns (default sim; see backends below)",
+    )
     parser.add_argument(
         "--timeout",
         type=float,

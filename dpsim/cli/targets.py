@@ -56,7 +56,12 @@ examples:
 
 def register(commands: Any) -> None:
     parser = add_command(commands, "targets", HELP, EPILOG)
-    parser.add_argument("specs", nargs="*", metavar="SPEC")
+    parser.add_argument(
+        "specs",
+        nargs="*",
+        metavar="SPEC",
+        help="releases, trees or package dirs (default: every cached release)",
+    )
     parser.add_argument("--target", metavar="FILE", help="a single dp_utils.py")
     parser.add_argument("--vllm", metavar="SPEC", help="what --target runs against")
     add_runner_argument(parser)

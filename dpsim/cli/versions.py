@@ -10,6 +10,8 @@ from dpsim.check import CheckOptions
 from dpsim.cli import add_command, check_output_directory
 from dpsim.errors import UsageError
 from dpsim.options import (
+    PROFILE_HELP,
+    SEED_HELP,
     add_lane_argument,
     add_runner_argument,
     parse_ranks,
@@ -60,7 +62,9 @@ def register(commands: Any) -> None:
         help="a dp_utils.py and the release it runs against (repeatable)",
     )
     add_runner_argument(parser)
-    parser.add_argument("--profile", default="caller", choices=PROFILES)
+    parser.add_argument(
+        "--profile", default="caller", choices=PROFILES, help=PROFILE_HELP
+    )
     parser.add_argument(
         "--ranks",
         default=None,
@@ -74,11 +78,16 @@ def register(commands: Any) -> None:
         metavar="N",
         help="default 300 (runner lane: 100)",
     )
-    parser.add_argument("--seed", type=int, default=0, metavar="N")
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=SEED_HELP)
     parser.add_argument(
         "--workers", type=int, metavar="N", help="processes (default: cores)"
     )
-    parser.add_argument("--out", default="dpsim-out/versions", metavar="DIR")
+    parser.add_argument(
+        "--out",
+        default="dpsim-out/versions",
+        metavar="DIR",
+        help="where report.md and report.html go (default dpsim-out/versions)",
+    )
     add_lane_argument(parser)
     parser.set_defaults(run=run)
 
