@@ -16,6 +16,7 @@ from typing import Any
 
 import faults as faulty
 import pytest
+import schemas
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
@@ -580,7 +581,8 @@ def test_every_counterexample_dpsim_writes_is_read_back_and_replays(
     path = cex.save(
         target, case, result, verdicts, PROPERTY_NAMES, writer_targets["out"]
     )
-    read = cex.read(path)  # the reader accepts it ...
+    schemas.assert_valid(path)  # it is what the published schema describes ...
+    read = cex.read(path)  # ... the reader accepts it ...
     assert files.encode(read) == path.read_text()
     rerun = replay_in_sim(read, resolve_target(read).target)  # ... and it replays
     assert files.canonical(rerun.as_rerun_dict()) == files.canonical(

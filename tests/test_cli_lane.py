@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import schemas
 
 from dpsim.cli import build_parser, main
 
@@ -158,6 +159,7 @@ def test_check_writes_a_runner_case_that_replays_byte_for_byte(
     summary = json.loads(capsys.readouterr().out)
     assert summary["lane"] == "runner" and summary["verdict"] == "fail"
     written = summary["counterexample"]
+    schemas.assert_valid(written)
     assert main(["replay", written, "--json"]) == 1
     replayed = json.loads(capsys.readouterr().out)
     assert replayed["status"] == "reproduced"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import schemas
 
 from dpsim.cli import main
 from dpsim.lanes.runner import case as runner_case
@@ -65,6 +66,7 @@ def test_a_planted_v1_bug_is_found_written_and_replayed(
     summary, written = found
     assert summary["lane"] == "runner" and summary["verdict"] == "fail"
     assert "(V1 runner)" in summary["target"]
+    schemas.assert_valid(written)
     recorded = runner_case.read(written)
     assert recorded.case.runner == "v1"
     assert recorded.target["spec"]["runner"] == "v1"

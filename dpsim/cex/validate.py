@@ -5,6 +5,11 @@ type and for a size dpsim can run in reasonable time before a ``Case`` or a
 target spec is made of it: a ``"num_tokens": "12"`` or a 10**6-rank case must
 be refused in one line, not surface later as a traceback in the simulator or a
 machine swapping. Each check raises :class:`Malformed` naming the field's path.
+
+The fields are declared (:class:`~dpsim.fields.Field`, each check carrying the
+JSON Schema of what it accepts), and :mod:`dpsim.cex.schema` publishes the
+file format from these declarations: the schema a reader checks a file
+against is made of the checks that read it.
 """
 
 from __future__ import annotations
@@ -33,19 +38,72 @@ from dpsim.scenarios.programs import SCENARIOS
 MAX_STEPS = 256
 MAX_CHOICES = 10_000_000
 MAX_TEXT = 4096
+#: Properties named, or verdicts given, in one file: well above the number of properties.
+MAX_NAMES = 64
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_OUTCOMES = frozenset(outcome.value for outcome in Outcome)
+OUTCOMES = frozenset(outcome.value for outcome in Outcome)
 
 
 def _true_or_false(value: Any) -> str | None:
     return None if isinstance(value, bool) else "must be true or false"
 
 
+fields.described(_true_or_false, {"type": "boolean"})
+
+
+def text_problem(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a string, got {_kind(value)}"
+    if len(value) > MAX_TEXT:
+        return f"is {len(value)} characters; at most {MAX_TEXT}"
+    return None
+
+
+fields.described(text_problem, {"type": "string", "maxLength": MAX_TEXT})
+optional_text_check = fields.optional(text_problem)
+
+
+def one_of_check(allowed: Any) -> fields.Check:
+    """A string among ``allowed`` (listed sorted when refused)."""
+    names = sorted(allowed)
+
+    def check(value: Any) -> str | None:
+        problem = text_problem(value)
+        if problem is not None:
+            return problem
+        if value not in allowed:
+            return f"= {value!r}; expected one of {', '.join(names)}"
+        return None
+
+    return fields.described(check, {"type": "string", "enum": names})
+
+
+#: A target's spec: what ``dpsim replay`` loads (release or tree, its base,
+#: the ``--target`` file, the runner, the ``--caller-file``).
+SPEC_FIELDS = (
+    fields.Field("kind", one_of_check({"release", "tree"})),
+    fields.Field("base", text_problem),
+    fields.Field("dp_utils_file", optional_text_check),
+    # Absent in every file written before dpsim knew the V1 runner: V2 then.
+    fields.Field("runner", fields.optional(one_of_check(RUNNERS))),
+    fields.Field("caller_file", optional_text_check),
+)
+REQUIRED_SPEC_FIELDS = frozenset(("kind", "base"))
+#: A target's own fields besides its spec and its files.
+TARGET_FIELDS = (
+    fields.Field("label", optional_text_check),
+    fields.Field("version", optional_text_check),
+)
+#: A recorded source file: its module name, and its SHA-256.
+MODULE_PATTERN = _MODULE.pattern
+SHA256_PATTERN = _SHA256.pattern
+
+
 #: A rank batch's fields, checked in this order: the required counts, then
 #: the optional counts and flags, each only when given.
-_BATCH_FIELDS = (
+BATCH_FIELDS = (
     fields.Field("num_reqs", fields.integer(0, MAX_INT)),
     fields.Field("num_tokens", fields.integer(0, MAX_INT)),
     fields.Field("num_active_loras", fields.integer(0, MAX_INT)),
@@ -57,17 +115,33 @@ _BATCH_FIELDS = (
     fields.Field("allow_skip_drafts", _true_or_false),
     fields.Field("num_encoder_reqs", fields.integer(0, MAX_INT)),
     fields.Field("cascade_attn", _true_or_false),
+    # Why the batch came about (a counterexample's reader's aid): checked last.
+    fields.Field("kind", one_of_check(BATCH_KINDS)),
 )
-_REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
+REQUIRED_BATCH_FIELDS = frozenset(("num_reqs", "num_tokens", "num_active_loras"))
 
 #: A drafter's reuse call (the contract profile's ``reuse_calls``): what it
 #: passes beside the agreement it reuses.
-_REUSE_FIELDS = (
+REUSE_FIELDS = (
     fields.Field("num_reqs", fields.integer(0, MAX_INT)),
     fields.Field("max_query_len", fields.optional(fields.integer(0, MAX_INT))),
     fields.Field("num_active_loras", fields.integer(0, MAX_INT)),
 )
-_REQUIRED_REUSE_FIELDS = frozenset(("num_reqs",))
+REQUIRED_REUSE_FIELDS = frozenset(("num_reqs",))
+
+#: A case's own scalar fields, in the order they are checked around its
+#: policy and steps (read apart); ``dp_size``, when given, must match the
+#: steps' width.
+_CASE_NAMES = (
+    fields.Field("scenario", one_of_check(SCENARIOS)),
+    fields.Field("profile", one_of_check(PROFILES)),
+)
+_CASE_SPECULATION = (
+    fields.Field("num_speculative_steps", fields.integer(0, MAX_SPECULATIVE_TOKENS)),
+)
+_CASE_WIDTH = (fields.Field("dp_size", fields.integer(1, MAX_RANKS)),)
+CASE_FIELDS = (*_CASE_NAMES, *_CASE_SPECULATION, *_CASE_WIDTH)
+REQUIRED_CASE_FIELDS = frozenset(("scenario", "profile"))
 
 
 class Malformed(UsageError):
@@ -96,11 +170,10 @@ def integer(value: Any, where: str, low: int = 0, high: int = MAX_INT) -> int:
 
 
 def text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise Malformed(f"{where} must be a string, got {_kind(value)}")
-    if len(value) > MAX_TEXT:
-        raise Malformed(f"{where} is {len(value)} characters; at most {MAX_TEXT}")
-    return value
+    problem = text_problem(value)
+    if problem is not None:
+        raise Malformed(f"{where} {problem}")
+    return str(value)
 
 
 def optional_text(value: Any, where: str) -> str | None:
@@ -114,28 +187,17 @@ def required(data: dict[str, Any], key: str, where: str) -> Any:
 
 
 def one_of(value: Any, allowed: Any, where: str) -> str:
-    name = text(value, where)
-    if name not in allowed:
-        raise Malformed(
-            f"{where} = {name!r}; expected one of {', '.join(sorted(allowed))}"
-        )
-    return name
+    problem = one_of_check(allowed)(value)
+    if problem is not None:
+        raise Malformed(f"{where} {problem}")
+    return str(value)
 
 
 def target(value: Any) -> dict[str, Any]:
     data = mapping(value, "target")
-    spec = mapping(required(data, "spec", "target"), "target.spec")
-    one_of(
-        required(spec, "kind", "target.spec"), {"release", "tree"}, "target.spec.kind"
-    )
-    text(required(spec, "base", "target.spec"), "target.spec.base")
-    optional_text(spec.get("dp_utils_file"), "target.spec.dp_utils_file")
-    # Absent in every file written before dpsim knew the V1 runner: V2 then.
-    if spec.get("runner") is not None:
-        one_of(spec["runner"], RUNNERS, "target.spec.runner")
-    optional_text(spec.get("caller_file"), "target.spec.caller_file")
-    optional_text(data.get("label"), "target.label")
-    optional_text(data.get("version"), "target.version")
+    spec = required(data, "spec", "target")
+    _record(spec, "target.spec", SPEC_FIELDS, REQUIRED_SPEC_FIELDS, closed=False)
+    _record(data, "target", TARGET_FIELDS, frozenset(), closed=False)
     files = mapping(required(data, "files", "target"), "target.files")
     for module, digest in files.items():
         if not _MODULE.match(module):
@@ -148,15 +210,9 @@ def target(value: Any) -> dict[str, Any]:
 def case(value: Any) -> dict[str, Any]:
     """Check the case's shape and sizes; ``Case.from_dict`` checks the policy."""
     data = mapping(value, "case")
-    one_of(required(data, "scenario", "case"), SCENARIOS, "case.scenario")
-    one_of(required(data, "profile", "case"), PROFILES, "case.profile")
+    _record(data, "case", _CASE_NAMES, REQUIRED_CASE_FIELDS, closed=False)
     _bounded(mapping(required(data, "policy", "case"), "case.policy"), "case.policy")
-    integer(
-        data.get("num_speculative_steps", 0),
-        "case.num_speculative_steps",
-        0,
-        MAX_SPECULATIVE_TOKENS,
-    )
+    _record(data, "case", _CASE_SPECULATION, frozenset(), closed=False)
     steps = sequence(required(data, "steps", "case"), "case.steps", MAX_STEPS)
     if not steps:
         raise Malformed("case.steps is empty; a case has at least one step")
@@ -176,9 +232,10 @@ def case(value: Any) -> dict[str, Any]:
         for index, step in enumerate(calls):
             where = f"case.reuse_calls[{index}]"
             for rank, call in enumerate(sequence(step, where, MAX_RANKS)):
-                _record(call, f"{where}[{rank}]", _REUSE_FIELDS, _REQUIRED_REUSE_FIELDS)
+                _record(call, f"{where}[{rank}]", REUSE_FIELDS, REQUIRED_REUSE_FIELDS)
     if "dp_size" in data:
-        dp_size = integer(data["dp_size"], "case.dp_size", 1, MAX_RANKS)
+        _record(data, "case", _CASE_WIDTH, frozenset(), closed=False)
+        dp_size = data["dp_size"]
         if dp_size != len(steps[0]):
             raise Malformed(
                 f"case.dp_size is {dp_size} but each step has {len(steps[0])} batches"
@@ -204,9 +261,7 @@ def _bounded(value: Any, where: str, depth: int = 0) -> None:
 
 
 def _batch(value: Any, where: str) -> None:
-    batch = _record(value, where, _BATCH_FIELDS, _REQUIRED_BATCH_FIELDS, ("kind",))
-    if "kind" in batch:
-        one_of(batch["kind"], BATCH_KINDS, f"{where}.kind")
+    _record(value, where, BATCH_FIELDS, REQUIRED_BATCH_FIELDS)
 
 
 def _record(
@@ -215,13 +270,18 @@ def _record(
     specs: tuple[fields.Field, ...],
     required_names: frozenset[str],
     other_keys: tuple[str, ...] = (),
+    *,
+    closed: bool = True,
 ) -> dict[str, Any]:
     """A mapping of ``specs``' fields (and ``other_keys``, checked by the
-    caller), each checked in ``specs``' order; ``required_names`` must be there."""
+    caller), each checked in ``specs``' order; ``required_names`` must be there.
+    A ``closed`` record refuses any other key; an open one leaves the others
+    to its caller (a target's files, a case's steps)."""
     record = mapping(value, where)
-    unknown = set(record) - {spec.name for spec in specs} - set(other_keys)
-    if unknown:
-        raise Malformed(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
+    if closed:
+        unknown = set(record) - {spec.name for spec in specs} - set(other_keys)
+        if unknown:
+            raise Malformed(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
     for spec in specs:
         if spec.name in required_names:
             item = required(record, spec.name, where)
@@ -247,13 +307,13 @@ def choices(value: Any, ranks: int) -> tuple[int, ...]:
 def names(value: Any, where: str, known: Any) -> tuple[str, ...]:
     return tuple(
         one_of(name, known, f"{where}[{index}]")
-        for index, name in enumerate(sequence(value, where, 64))
+        for index, name in enumerate(sequence(value, where, MAX_NAMES))
     )
 
 
 def verdicts(value: Any, known: Any, ranks: int) -> tuple[dict[str, Any], ...]:
     checked = []
-    for index, item in enumerate(sequence(value, "verdicts", 64)):
+    for index, item in enumerate(sequence(value, "verdicts", MAX_NAMES)):
         where = f"verdicts[{index}]"
         verdict = mapping(item, where)
         one_of(required(verdict, "property", where), known, f"{where}.property")
@@ -272,7 +332,7 @@ def verdicts(value: Any, known: Any, ranks: int) -> tuple[dict[str, Any], ...]:
 
 
 def outcome(value: Any) -> str:
-    return one_of(value, _OUTCOMES, "outcome")
+    return one_of(value, OUTCOMES, "outcome")
 
 
 def _kind(value: Any) -> str:

@@ -27,7 +27,16 @@ from enum import StrEnum
 from typing import Any
 
 from dpsim.errors import UsageError
-from dpsim.fields import Field, boolean, integer, integers, member, optional
+from dpsim.fields import (
+    Field,
+    boolean,
+    integer,
+    integers,
+    member,
+    object_schema,
+    optional,
+    schema_of,
+)
 from dpsim.limits import (
     MAX_CAPTURE_ENTRIES,
     MAX_CAPTURE_SIZE,
@@ -409,14 +418,22 @@ def _default_grid(kwargs: dict[str, Any]) -> list[int]:
 _Rule = Callable[[Any], "str | None"]
 
 
-def _field(spec: Field, prefix: str = "") -> _Rule:
-    """The rule that ``spec`` holds for the policy's attribute of that name."""
+class _FieldRule:
+    """The rule that ``spec`` holds for the policy's attribute of that name.
 
-    def rule(policy: Any) -> str | None:
-        problem = spec.problem(getattr(policy, spec.name))
-        return None if problem is None else f"{prefix}{spec.name}: {problem}"
+    A rule object rather than a closure, so that the declared fields can be
+    read back (:func:`declared_fields`) to publish the file format.
+    """
 
-    return rule
+    __slots__ = ("prefix", "spec")
+
+    def __init__(self, spec: Field, prefix: str = "") -> None:
+        self.spec = spec
+        self.prefix = prefix
+
+    def __call__(self, policy: Any) -> str | None:
+        problem = self.spec.problem(getattr(policy, self.spec.name))
+        return None if problem is None else f"{self.prefix}{self.spec.name}: {problem}"
 
 
 def _sizes_for_mode(policy: CapturePolicy) -> str | None:
@@ -441,7 +458,7 @@ def _graphs_per_mode(policy: CapturePolicy) -> str | None:
 
 
 _MICROBATCHING_FIELDS = tuple(
-    _field(spec, "microbatching.")
+    _FieldRule(spec, "microbatching.")
     for spec in (
         Field("num_ubatches", integer(2, MAX_UBATCHES)),
         Field("decode_token_threshold", integer(0, MAX_INT)),
@@ -479,20 +496,20 @@ _MAX_CAPTURE_SIZE = Field(
 )
 
 _RULES: tuple[_Rule, ...] = (
-    _field(Field("cudagraph_mode", member(CudagraphMode, "mode"))),
-    _field(_MAX_NUM_SEQS),
-    _field(_DECODE_QUERY_LEN),
-    _field(_MAX_CAPTURE_SIZE),
-    _field(
+    _FieldRule(Field("cudagraph_mode", member(CudagraphMode, "mode"))),
+    _FieldRule(_MAX_NUM_SEQS),
+    _FieldRule(_DECODE_QUERY_LEN),
+    _FieldRule(_MAX_CAPTURE_SIZE),
+    _FieldRule(
         Field(
             "capture_sizes",
             integers(MAX_CAPTURE_ENTRIES, integer(1, MAX_CAPTURE_SIZE), "size"),
         )
     ),
     _sizes_for_mode,
-    _field(Field("varlen_decode", boolean)),
-    _field(Field("encoder_decoder", boolean)),
-    _field(
+    _FieldRule(Field("varlen_decode", boolean)),
+    _FieldRule(Field("encoder_decoder", boolean)),
+    _FieldRule(
         Field(
             "lora_capture_cases",
             optional(
@@ -512,6 +529,40 @@ _RULES: tuple[_Rule, ...] = (
 )
 
 _KEYS = tuple(f.name for f in fields(CapturePolicy))
+
+
+def policy_schema(*, drafter: bool = True) -> dict[str, Any]:
+    """The JSON Schema of a policy's mapping as :meth:`CapturePolicy.from_dict`
+    reads it (a policy file's keys, and a counterexample's ``case.policy``),
+    built from the checks its rules run.
+
+    What a schema cannot say is the rules' alone: an empty size list with a
+    graph mode, ``max_capture_size`` other than the largest size, sizes times
+    LoRA cases above the per-mode bound.
+    """
+    declared = [rule.spec for rule in _RULES if isinstance(rule, _FieldRule)]
+    more: dict[str, dict[str, Any]] = {}
+    for spec in declared:
+        if spec.name in _SCALAR_KEYS:
+            # from_dict reads null as "the default".
+            more[spec.name] = {"anyOf": [{"type": "null"}, schema_of(spec.check)]}
+        elif spec.name == "capture_sizes":
+            more[spec.name] = {"anyOf": [schema_of(spec.check), {"const": "default"}]}
+    microbatching = [rule.spec for rule in _MICROBATCHING_FIELDS]
+    more["microbatching"] = {
+        "anyOf": [{"type": "null"}, object_schema(microbatching)],
+    }
+    more["drafter"] = (
+        {"anyOf": [{"type": "null"}, policy_schema(drafter=False)]}
+        if drafter
+        else {"type": "null", "description": "a drafter has no drafter of its own"}
+    )
+    schema = object_schema(declared, ("capture_sizes",), more=more)
+    if set(schema["properties"]) != set(_KEYS):
+        raise ValueError("a policy key has no schema, or the schema one too many")
+    return schema
+
+
 _SCALAR_KEYS = (
     "cudagraph_mode",
     "max_num_seqs",

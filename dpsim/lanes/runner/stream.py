@@ -24,7 +24,14 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any, TypeVar
 
 from dpsim.errors import UsageError
-from dpsim.fields import Field, boolean, integer
+from dpsim.fields import (
+    Field,
+    boolean,
+    described,
+    integer,
+    object_schema,
+    schema_of,
+)
 from dpsim.limits import (
     MAX_INT,
     MAX_NUM_SEQS,
@@ -90,7 +97,7 @@ class EngineOptions:
     num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _check(self, _OPTION_FIELDS, "engine options")
+        _check(self, OPTION_FIELDS, "engine options")
         if (self.speculator is None) != (self.num_speculative_tokens == 0):
             raise UsageError(
                 "engine options: speculator and num_speculative_tokens go together "
@@ -135,7 +142,10 @@ def _speculator(value: Any) -> str | None:
     return f"must be one of {', '.join(_ALL_SPECULATORS)} or null, got {shown(value)}"
 
 
-_OPTION_FIELDS = (
+described(_speculator, {"enum": [*_ALL_SPECULATORS, None]})
+
+
+OPTION_FIELDS = (
     Field("async_scheduling", boolean),
     Field("dp_sync_interval", integer(1, MAX_RANK_STEPS)),
     Field("max_num_seqs", integer(1, MAX_NUM_SEQS)),
@@ -176,7 +186,7 @@ class RequestScript:
                 f"request: req_id must be 1-64 letters, digits, '-' or '_', "
                 f"got {shown(self.req_id)}"
             )
-        _check(self, _REQUEST_FIELDS, f"request {self.req_id}")
+        _check(self, REQUEST_FIELDS, f"request {self.req_id}")
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping of every field (``accepted`` as a list)."""
@@ -195,19 +205,37 @@ def _req_id_ok(text: str) -> bool:
     )
 
 
+#: What :func:`_req_id_ok` accepts, as the published schema spells it.
+REQ_ID_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
+
+
+#: One verification's accepted drafts.
+_ACCEPTED_ENTRY = integer(0, MAX_SPECULATIVE_TOKENS)
+
+
 def _accepted(value: Any) -> str | None:
     if not isinstance(value, tuple):
         return f"expected a list of integers, got {shown(value)}"
     if len(value) > MAX_ACCEPTED_ENTRIES:
         return f"{len(value):,} entries; at most {MAX_ACCEPTED_ENTRIES:,} allowed"
     for entry in value:
-        problem = integer(0, MAX_SPECULATIVE_TOKENS)(entry)
+        problem = _ACCEPTED_ENTRY(entry)
         if problem is not None:
             return f"every entry {problem}"
     return None
 
 
-_REQUEST_FIELDS = (
+described(
+    _accepted,
+    {
+        "type": "array",
+        "items": schema_of(_ACCEPTED_ENTRY),
+        "maxItems": MAX_ACCEPTED_ENTRIES,
+    },
+)
+
+
+REQUEST_FIELDS = (
     Field("arrival", integer(0, MAX_RANK_STEPS)),
     Field("prompt_len", integer(1, MAX_MODEL_LEN)),
     Field("output_len", integer(1, MAX_MODEL_LEN)),
@@ -282,6 +310,52 @@ def streams_from_json(data: Any, options: EngineOptions) -> tuple[RankStream, ..
     streams = tuple(RankStream.from_json(stream) for stream in data)
     check_streams(streams, options)
     return streams
+
+
+def options_schema() -> dict[str, Any]:
+    """The JSON Schema of :meth:`EngineOptions.from_json`'s mapping, from the
+    checks it runs (the options' cross-field rules are its own)."""
+    return _declared_schema(EngineOptions, OPTION_FIELDS)
+
+
+def streams_schema() -> dict[str, Any]:
+    """The JSON Schema of :func:`streams_from_json`'s list: a stream per rank."""
+    request = _declared_schema(
+        RequestScript,
+        REQUEST_FIELDS,
+        {"req_id": {"type": "string", "pattern": REQ_ID_PATTERN}},
+    )
+    stream = object_schema(
+        (),
+        more={
+            "requests": {
+                "type": "array",
+                "items": request,
+                "maxItems": MAX_WORKLOAD_REQUESTS,
+            }
+        },
+    )
+    return {"type": "array", "items": stream, "minItems": 1, "maxItems": MAX_RANKS}
+
+
+def _declared_schema(
+    cls: type, declared: Sequence[Field], more: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A dataclass's JSON form as :func:`_from_json` reads it: its fields,
+    those without a default required, no other key."""
+    members = fields(cls)
+    schema = object_schema(
+        declared,
+        [
+            member.name
+            for member in members
+            if member.default is MISSING and member.default_factory is MISSING
+        ],
+        more=more,
+    )
+    if set(schema["properties"]) != {member.name for member in members}:
+        raise ValueError(f"{cls.__name__}: a field has no schema")
+    return schema
 
 
 def check_streams(streams: Sequence[RankStream], options: EngineOptions) -> None:
