@@ -21,7 +21,7 @@ RUNNER_TEST_RELEASES ?= 0.26.0 0.27.0 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0
 V1_RUNNER_TEST_RELEASES ?= 0.12.0 0.13.0 0.14.0 0.17.0 0.18.0 0.20.0 0.21.0 0.25.0 0.26.0 0.29.0 0.33.0
 PYTEST_WORKERS ?= auto
 
-.PHONY: setup check test test-fast bench lint fetch redis-server clean
+.PHONY: setup check test test-fast bench lint docs docs-reference fetch redis-server clean
 
 $(STAMP): pyproject.toml Makefile
 	@if [ ! -x $(BIN)/python ]; then \
@@ -101,5 +101,15 @@ lint: setup
 	$(BIN)/ruff format --check dpsim properties tests
 	$(BIN)/mypy dpsim
 
+# The site, strictly: a broken link, a missing page or anchor is an error
+# (tests/test_docs.py builds it the same way in make test).
+docs: setup
+	$(BIN)/mkdocs build --strict
+
+# The reference pages generated from the code (the CLI's parsers, the file
+# readers' checks); make test fails while a committed one differs.
+docs-reference: setup
+	$(BIN)/python -m dpsim.cli.docs docs/reference
+
 clean:
-	rm -rf $(VENV) dpsim-out .pytest_cache .hypothesis
+	rm -rf $(VENV) dpsim-out site .pytest_cache .hypothesis

@@ -57,7 +57,7 @@ HELP = "show a policy's capture table, or validate policies: safety and cost"
 EPILOG = f"""\
 The table is built by the version's own CudaGraphManager from the policy, so
 it is exactly what that vLLM would capture. Policy files are JSON or TOML;
-see README.md ("Capture policies") for the format.
+see docs/reference/policy-files.md for the format.
 
 examples:
   dpsim policy show my-policy.toml
@@ -445,7 +445,7 @@ def _validate(
                             "policy": run.policy,
                             "profile": run.profile,
                             "failing": run.failing(),
-                            # Scenario -> its number in the README's findings.
+                            # Scenario -> its number in docs/findings.md.
                             "known": {
                                 scenario: finding.number
                                 for scenario, finding in run.known().items()
