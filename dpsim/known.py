@@ -1,6 +1,6 @@
 """What dpsim found in real vLLM, as data: which failures are known bugs.
 
-The README's "What dpsim found in real vLLM" examines each failing property
+docs/findings.md ("What dpsim found in real vLLM") examines each failing property
 that unmodified releases show. A report that judges something else (a
 capture policy, in ``dpsim policy validate``) uses this list to say when a
 failure is one of those bugs of the chosen version rather than news about the
@@ -23,7 +23,7 @@ __all__ = ["KNOWN_FINDINGS", "KnownFinding", "known_finding"]
 class KnownFinding:
     """One examined bug of real releases, and the failures it shows as."""
 
-    #: Its number in the README's "What dpsim found in real vLLM".
+    #: Its number in docs/findings.md.
     number: int
     summary: str
     #: Releases (major.minor) that have it.
@@ -38,7 +38,7 @@ class KnownFinding:
     def describe(self, target: Target) -> str:
         return (
             f"known bug {self.number} of {target.label}: {self.summary} "
-            f'(README, "What dpsim found in real vLLM", {self.number})'
+            f"(docs/findings.md, finding {self.number})"
         )
 
 

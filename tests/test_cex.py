@@ -688,7 +688,7 @@ def test_a_ubatch_regression_test_skips_on_a_release_without_microbatching(
     target = load_target("0.33.0")
     report = run_check(target, CheckOptions(scenarios=("ubatch",), examples=300))
     finding = report.runs[0].finding
-    assert finding is not None  # 0.33.0's findings 1 and 2 (README)
+    assert finding is not None  # 0.33.0's findings 1 and 2 (docs/findings.md)
     written = cex.save(
         target, finding.case, finding.result, finding.verdicts, PROPERTY_NAMES, tmp_path
     )

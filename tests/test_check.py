@@ -148,7 +148,7 @@ def test_cli_bad_input_is_one_line_exit_2(
 
 
 def test_real_finding_an_idle_rank_in_a_busy_eager_step_is_told_zero_tokens() -> None:
-    """Documented in README: a 0-token rank amid busy ranks, in a step that runs
+    """Finding 4 (docs/findings.md): a 0-token rank amid busy ranks, in a step that runs
     eager, gets a 0-token descriptor although an agreement exists (someone has
     work). vLLM's model runner skips the forward on ``batch_desc.num_tokens ==
     0``, so that rank would skip the MoE collectives its peers enter: a hang.

@@ -352,7 +352,7 @@ def test_the_key_functions_run_mostly_for_real(version: str) -> None:
 def test_what_the_lane_finds_under_full_and_piecewise_beyond_the_decode_graphs(
     release: Any, version: str
 ) -> None:
-    """README finding 13 under the default mode (examined on the code, not confirmed on GPUs): vLLM's default
+    """Finding 13 (docs/findings.md) under the default mode (examined on the code, not confirmed on GPUs): vLLM's default
     FULL_AND_PIECEWISE with a drafter. Rank 1 decodes max_num_seqs (3)
     requests of 1 + k (2) tokens; FULL decode graphs stop at the largest
     capture size rounding to <= 3 x 2 (4), so the 6 tokens run the PIECEWISE
@@ -390,7 +390,7 @@ def test_what_the_lane_finds_under_full_and_piecewise_beyond_the_decode_graphs(
 def test_an_idle_drafter_fails_under_vllms_own_default_capture_sizes(
     release: Any, version: str
 ) -> None:
-    """README finding 13 with the capture sizes vLLM's config derives when none are given
+    """Finding 13 (docs/findings.md) with the capture sizes vLLM's config derives when none are given
     (config/vllm.py, 0.29 and 0.33: the 1/2/4/8-step/16-step grid up to
     min(max_num_seqs x 3 x 2, 512), plus uniform decode sizes 3n for its
     request-count grid, up to 512), max_num_seqs 256, MTP k=2: the largest

@@ -4,7 +4,7 @@ The fast tests run the oracle against a small dispatcher written here (FULL
 graphs for uniform decodes, PIECEWISE ones for everything, at sizes 1-8) and
 draw from the V1 strategies without a release. The release tests run the
 scenarios on real V1 callers and dispatchers and hold the verdicts examined
-in the README.
+in docs/findings.md.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def test_solo_catches_a_skipped_sync_that_still_reduces(tmp_path: Any) -> None:
 
 
 #: The properties a few hundred cases of each profile fail on real V1
-#: releases, each failure examined (README, "What dpsim found": a vLLM bug or
+#: releases, each failure examined (docs/findings.md: a vLLM bug or
 #: a gap in dpsim's model); the hand-made steps below reproduce each one.
 EXAMINED: dict[str, set[str]] = {
     "0.33.0": set(),

@@ -201,7 +201,7 @@ def no_rank_has_work(descriptor: Descriptor, agreement: Any) -> bool:
     asks callers to branch on it), not by this rank's own token count: a rank
     with no tokens of its own in a busy eager step must still join its peers'
     collectives. (vLLM's model runner branches on ``batch_desc.num_tokens``
-    instead; README, "What dpsim found", shows where that goes wrong.)
+    instead; docs/findings.md shows where that goes wrong.)
     """
     return agreement is None and descriptor.num_tokens == 0
 
