@@ -1,9 +1,8 @@
 """The target's lines and branches no run can reach, each with its reason.
 
-The entries are the branch-reach work's (issue 19); the mechanism, matching by
-text so an entry survives line moves between releases, is
-:mod:`dpsim.coverage.marks`. ``dpsim check --coverage`` lists a matched branch
-apart with its reason instead of as missing.
+The mechanism, matching by text so an entry survives line moves between
+releases, is :mod:`dpsim.coverage.marks`. ``dpsim check --coverage`` lists a
+matched branch apart with its reason instead of as missing.
 
 "Unreachable" means: not by ``dpsim check`` under its defaults (2..16 ranks,
 the sync lane's callers), for the reason given; an entry with ``profiles``

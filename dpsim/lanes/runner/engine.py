@@ -118,7 +118,7 @@ from dpsim.targets.shim import TORCH_VIEW
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 PARALLEL_CONFIG_MODULE = "vllm.config.parallel"
 COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
-#: The modules this part of the lane reads (A's RUNNER_LANE_MODULES lists them).
+#: The modules this part of the lane reads (:data:`.sources.RUNNER_LANE_MODULES` lists them).
 ENGINE_MODULES = (ENGINE_CORE_MODULE, PARALLEL_CONFIG_MODULE, COORDINATOR_MODULE)
 
 #: Per real class: the methods kept, in order, and those of them kept only

@@ -89,7 +89,7 @@ CP_UTILS_MODULE = "vllm.v1.worker.gpu.cp_utils"
 #: The PCP module's helpers the runner calls through ``pcp.``; with no PCP
 #: manager each hands back its input or the block tables' answer.
 PCP_HELPERS = ("maybe_get_pcp_dummy_slot_mappings", "maybe_restore_pcp_for_sampling")
-#: The files this module reads (for A's RUNNER_LANE_MODULES).
+#: The files this module reads (for :data:`.sources.RUNNER_LANE_MODULES`).
 MODULES = (
     MODEL_RUNNER_MODULE,
     INPUT_BATCH_MODULE,
@@ -165,7 +165,7 @@ OFF_IN_SOME_RELEASES: dict[str, Any] = {
 VOCAB_SIZE = 8
 
 
-#: The lane's sources (A's), as this module's signatures name them.
+#: The lane's sources (:mod:`.sources`), as this module's signatures name them.
 Sources = RunnerSources
 
 

@@ -190,7 +190,7 @@ _BUILDERS = ("__init__", "set_attn", "load_model", "load_draft_model")
 _DECORATORS: Mapping[str, None] = {"torch.inference_mode()": None}
 
 
-#: The lane's sources (A's), as this module's signatures name them.
+#: The lane's sources (:mod:`.sources`), as this module's signatures name them.
 Sources = RunnerSources
 
 

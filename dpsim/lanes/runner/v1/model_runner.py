@@ -136,7 +136,7 @@ STOOD_IN: dict[str, str] = {
     "GPUModelRunner._preprocess": "input buffers; zero token ids and positions of the padded shape",
     "GPUModelRunner._sample, _bookkeeping_sync": "GPU sampling; one token per request that samples",
     "GPUModelRunner._copy_draft_token_ids_to_cpu, _get_draft_token_ids_cpu, _copy_valid_sampled_token_count": "CUDA streams and events; copies done at once",
-    "speculative_config": "EAGLE/MTP drafting with the padded drafter batch; the drafter is B's real EagleProposer",
+    "speculative_config": "EAGLE/MTP drafting with the padded drafter batch; the drafter is the real EagleProposer (v1/proposer.py)",
     "GPUModelRunner.maybe_get_kv_connector_output, finalize_kv_connector, clear_kv_connector_metadata": "no KV connector",
     "GPUModelRunner.maybe_dummy_run_with_lora": "LoRA mixin; LoRA is not modelled",
     "model": "the model forward; EP collectives at the chosen shape and mode (forward.FakeModel)",
@@ -377,7 +377,7 @@ def _recording_class(runner_class: type) -> type:
 @dataclasses.dataclass(frozen=True)
 class V1RankKit:
     """One rank's share of the V1 lane, made before its drafter and runner
-    (a drafter builder, B's, is given it): the release's kit, the rank's
+    (a drafter builder, :mod:`.proposer`'s, is given it): the release's kit, the rank's
     sync recorder and its parallel config (the runner's and the drafter's
     ``coordinate_batch_across_dp`` calls are routed to ``recorder`` by this
     very object: pass it as the drafter's ``parallel_config``)."""
@@ -534,8 +534,8 @@ _SPECULATIVE_ALWAYS = frozenset({"speculative_config", "common_metadata"})
 def _speculative(
     sources: RunnerSources, options: EngineOptions, kit: V1RunnerKit, drafter: Any
 ) -> dict[str, Any]:
-    """The runner's speculative-decoding settings for ``drafter`` (B's real
-    ``EagleProposer``, or None): its config, the drafter fit check's limit,
+    """The runner's speculative-decoding settings for ``drafter`` (the real
+    ``EagleProposer`` of :mod:`.proposer`, or None): its config, the drafter fit check's limit,
     the async valid-count event, the scratch arrays, and the release's
     ``CommonAttentionMetadata`` class the drafter reads."""
     if drafter is None:

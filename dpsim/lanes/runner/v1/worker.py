@@ -5,8 +5,8 @@
 ``sample_tokens``, ``execute_dummy_batch``, ``take_draft_token_ids``: the
 release's real ``Worker`` methods, :func:`~dpsim.lanes.runner.worker.worker_over`),
 over the rank's real V1 runner (:mod:`.model_runner`) and, when the options
-name a speculator, the drafter a ``proposer_factory`` builds (B's
-``build_v1_proposer``) from the rank's :class:`~.model_runner.V1RankKit`.
+name a speculator, the drafter a ``proposer_factory`` builds
+(:func:`~.proposer.build_v1_proposer`) from the rank's :class:`~.model_runner.V1RankKit`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dpsim.lanes.runner.worker import worker_over
 from dpsim.records.policy import CapturePolicy
 
 #: ``proposer_factory(rank_kit)``: the rank's drafter, or None for none (the
-#: run binds B's ``build_v1_proposer`` to the rank's sources, options,
+#: run binds :func:`~.proposer.build_v1_proposer` to the rank's sources, options,
 #: policy, rank and size).
 ProposerFactory = Callable[[V1RankKit], Any]
 
