@@ -36,55 +36,36 @@ def counterexample_schema() -> dict[str, Any]:
     the pytest suite): what :func:`dpsim.cex.files.read` accepts."""
     from dpsim.properties import PROPERTY_NAMES
 
-    return {
-        "$schema": DIALECT,
-        "title": "dpsim counterexample file",
-        "description": (
-            "A sync-lane case with everything needed to rerun it exactly: the "
-            "target, the case, the scheduling choices, the properties judged, "
-            "the verdicts and the simulator's trace. dpsim's reader also checks "
-            "what no schema can: one batch per rank in every step, dp_size equal "
-            "to that width, choices and verdict ranks below the rank count, the "
-            "policy's rules across fields, and (on replay) the recorded sources' "
-            "SHA-256s."
-        ),
-        **object_schema(
-            (),
-            [
-                "kind",
-                "schema",
-                "dpsim_version",
-                "target",
-                "case",
-                "choices",
-                "properties",
-                "verdicts",
-                "outcome",
-                "trace",
-            ],
-            closed=False,
-            more={
-                "kind": {"const": files.KIND},
-                "schema": {"const": files.SCHEMA_VERSION},
-                "dpsim_version": schema_of(validate.text_problem),
-                "target": _target(),
-                "case": _case(),
-                "choices": {
-                    "description": (
-                        "the simulator's scheduling choices: which rank ran at "
-                        "each turn (each below the case's rank count)"
-                    ),
-                    "type": "array",
-                    "items": {"type": "integer", "minimum": 0},
-                    "maxItems": validate.MAX_CHOICES,
-                },
-                "properties": _names(PROPERTY_NAMES),
-                "verdicts": _verdicts(PROPERTY_NAMES),
-                "outcome": _outcome(),
-                "trace": _trace(),
+    return _file(
+        "dpsim counterexample file",
+        "A sync-lane case with everything needed to rerun it exactly: the "
+        "target, the case, the scheduling choices, the properties judged, "
+        "the verdicts and the simulator's trace. dpsim's reader also checks "
+        "what no schema can: one batch per rank in every step, dp_size equal "
+        "to that width, choices and verdict ranks below the rank count, the "
+        "policy's rules across fields, and (on replay) the recorded sources' "
+        "SHA-256s.",
+        {
+            "kind": {"const": files.KIND},
+            "schema": {"const": files.SCHEMA_VERSION},
+            "dpsim_version": schema_of(validate.text_problem),
+            "target": _target(),
+            "case": _case(),
+            "choices": {
+                "description": (
+                    "the simulator's scheduling choices: which rank ran at "
+                    "each turn (each below the case's rank count)"
+                ),
+                "type": "array",
+                "items": {"type": "integer", "minimum": 0},
+                "maxItems": validate.MAX_CHOICES,
             },
-        ),
-    }
+            "properties": _names(PROPERTY_NAMES),
+            "verdicts": _verdicts(PROPERTY_NAMES),
+            "outcome": _outcome(),
+            "trace": _trace(),
+        },
+    )
 
 
 def runner_case_schema() -> dict[str, Any]:
@@ -121,46 +102,37 @@ def runner_case_schema() -> dict[str, Any]:
             "streams": streams_schema(),
         },
     )
+    return _file(
+        "dpsim runner case file",
+        "A runner-lane case (a deployment, its engine options and each "
+        "rank's request stream) with the target it ran on, the properties "
+        "judged, the verdicts and the simulator's trace. dpsim's reader also "
+        "checks what no schema can: dp_size equal to the number of streams, "
+        "request ids unique across ranks, each prompt below max_model_len, "
+        "requests in arrival order, the engine options' and the policy's "
+        "rules across fields, and the recorded sources' SHA-256s.",
+        {
+            "kind": {"const": runner_case.KIND},
+            "schema": {"const": runner_case.SCHEMA_VERSION},
+            "lane": {"const": runner_case.LANE},
+            "dpsim_version": schema_of(validate.text_problem),
+            "target": target,
+            "case": case,
+            "properties": _names(ALL_PROPERTY_NAMES),
+            "verdicts": _verdicts(ALL_PROPERTY_NAMES),
+            "outcome": _outcome(),
+            "trace": _trace(),
+        },
+    )
+
+
+def _file(title: str, description: str, keys: dict[str, Any]) -> dict[str, Any]:
+    """A file's schema: an open object that must hold every one of ``keys``."""
     return {
         "$schema": DIALECT,
-        "title": "dpsim runner case file",
-        "description": (
-            "A runner-lane case (a deployment, its engine options and each "
-            "rank's request stream) with the target it ran on, the properties "
-            "judged, the verdicts and the simulator's trace. dpsim's reader also "
-            "checks what no schema can: dp_size equal to the number of streams, "
-            "request ids unique across ranks, each prompt below max_model_len, "
-            "requests in arrival order, the engine options' and the policy's "
-            "rules across fields, and the recorded sources' SHA-256s."
-        ),
-        **object_schema(
-            (),
-            [
-                "kind",
-                "schema",
-                "lane",
-                "dpsim_version",
-                "target",
-                "case",
-                "properties",
-                "verdicts",
-                "outcome",
-                "trace",
-            ],
-            closed=False,
-            more={
-                "kind": {"const": runner_case.KIND},
-                "schema": {"const": runner_case.SCHEMA_VERSION},
-                "lane": {"const": runner_case.LANE},
-                "dpsim_version": schema_of(validate.text_problem),
-                "target": target,
-                "case": case,
-                "properties": _names(ALL_PROPERTY_NAMES),
-                "verdicts": _verdicts(ALL_PROPERTY_NAMES),
-                "outcome": _outcome(),
-                "trace": _trace(),
-            },
-        ),
+        "title": title,
+        "description": description,
+        **object_schema((), list(keys), closed=False, more=keys),
     }
 
 
