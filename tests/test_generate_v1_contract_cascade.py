@@ -9,10 +9,11 @@ import ast
 import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
+from random import Random
 from typing import Any
 
 import pytest
-from hypothesis import find, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 from v1cascade import (
     POLICY,
@@ -53,11 +54,14 @@ def test_no_cascade_where_the_caller_method_takes_none(step: list[RankBatch]) ->
     assert not any(batch.cascade_attn for batch in step)
 
 
+#: Found, not shrunk: the first seeded draw meeting the condition shows the
+#: contract draws it. No example database: a result depends on the seed alone.
+REACH = settings(max_examples=2000, database=None, phases=(Phase.generate,))
+
+
 def _found(predicate: Any, scenario: str = "step") -> list[RankBatch]:
     return find(
-        contract_steps(TAKES, scenario),
-        predicate,
-        settings=settings(max_examples=2000, database=None),
+        contract_steps(TAKES, scenario), predicate, settings=REACH, random=Random(0)
     )
 
 
@@ -104,7 +108,8 @@ def test_some_steps_keep_every_rank_free_of_cascade() -> None:
     step = find(
         wide(),
         lambda step: not any(b.cascade_attn for b in step) and step[0].num_tokens,
-        settings=settings(max_examples=200, database=None),
+        settings=settings(REACH, max_examples=200),
+        random=Random(0),
     )
     assert not any(batch.cascade_attn for batch in step)
 
