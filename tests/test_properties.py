@@ -106,6 +106,19 @@ def failing(records: list[dict[str, Any]], **options: Any) -> list[str]:
     return [verdict.property for verdict in verdicts(records, **options)]
 
 
+Pinned = tuple[str, str | None, tuple[int, ...], str]
+
+
+def pinned(found: list[Verdict]) -> list[Pinned]:
+    """Each verdict as a reader sees it: property, phase, ranks and message."""
+    return [(v.property, v.phase, v.ranks, v.message) for v in found]
+
+
+def judged(records: list[dict[str, Any]], **options: Any) -> list[Pinned]:
+    """The verdicts on ``records`` (see ``verdicts``), each pinned whole."""
+    return pinned(verdicts(records, **options))
+
+
 def test_a_correct_phase_fails_nothing() -> None:
     records = [
         {
@@ -193,7 +206,11 @@ def test_no_hang_flags_a_rank_that_skips_a_collective_and_names_the_stuck() -> N
             "agreement": agreed([1, 1]),
         },
     ]
-    assert failing(records, skip_forward_on=(1,)) == ["no-hang"]
+    # Rank 1 skips the forward's collective: rank 0, which entered it, is
+    # the one left waiting; rank 1 finished.
+    assert judged(records, skip_forward_on=(1,)) == [
+        ("no-hang", None, (0,), "hang: 1 of 2 ranks finished; stuck: 0")
+    ]
 
 
 def test_no_error_flags_a_raise_and_no_hang_leaves_it_to_no_error() -> None:
