@@ -161,7 +161,14 @@ def test_agreement_flags_a_per_rank_value_in_the_agreement_alone() -> None:
             "agreement": agreed([2, 2], uniform_token_count=2),
         },
     ]
-    assert failing(records) == ["agreement"]
+    assert judged(records) == [
+        (
+            "agreement",
+            "step 0",
+            (0, 1),
+            "rank 0 and rank 1 got different agreements (uniform_token_count: 1 vs 2)",
+        )
+    ]
 
 
 def test_agreement_flags_different_padded_counts_unless_eager() -> None:
@@ -177,7 +184,14 @@ def test_agreement_flags_different_padded_counts_unless_eager() -> None:
             "agreement": agreed([2, 4]),
         },
     ]
-    assert "agreement" in failing(graph)
+    assert judged(graph) == [
+        (
+            "agreement",
+            "step 0",
+            (0, 1),
+            "ranks chose different padded token counts: rank 0 2, rank 1 4",
+        )
+    ]
     eager = [
         {
             "inputs": batch(2),
@@ -222,7 +236,21 @@ def test_no_error_flags_a_raise_and_no_hang_leaves_it_to_no_error() -> None:
             "agreement": agreed([1, 1]),
         },
     ]
-    assert failing(records) == ["no-error"]
+    assert judged(records) == [
+        ("no-error", "step 0", (0,), "rank 0 raised AssertionError: padding")
+    ]
+
+
+def test_no_error_names_a_rank_that_raised_outside_any_sync() -> None:
+    def program(rank: int) -> None:
+        if rank == 1:
+            raise RuntimeError("no batch to run")
+
+    result = simulate(program, ranks=2)
+    case = Case("step", "contract", POLICY, ((RankBatch(1, 1), RankBatch(1, 1)),))
+    assert pinned(judge(case, result)) == [
+        ("no-error", None, (1,), "rank 1 raised RuntimeError: no batch to run")
+    ]
 
 
 def test_coverage_flags_a_graph_too_small_for_the_ranks_requests() -> None:
@@ -238,27 +266,41 @@ def test_coverage_flags_a_graph_too_small_for_the_ranks_requests() -> None:
             "agreement": agreed([4, 4]),
         },
     ]
-    assert failing(records) == ["coverage"]
+    assert judged(records) == [
+        ("coverage", "step 0", (0,), "rank 0 runs FULL 4: 2 requests < the batch's 4")
+    ]
 
 
 @pytest.mark.parametrize(
-    ("inputs", "descriptor"),
+    ("inputs", "descriptor", "shortfall"),
     [
         (
             batch(4, 4, uniform_token_count=None),
             chose("FULL", 4, 4, uniform_token_count=1),
+            "a uniform-decode graph of length 1 for a batch whose uniform length "
+            "is None",
         ),
-        (batch(4, 2, max_query_len=None), chose("FULL", 4, 4, max_query_len=2)),
-        (batch(4, 2, num_active_loras=2), chose("FULL", 4, 4, num_active_loras=1)),
+        (
+            batch(4, 2, max_query_len=None),
+            chose("FULL", 4, 4, max_query_len=2),
+            "query length bound 2 < the batch's None",
+        ),
+        (
+            batch(4, 2, num_active_loras=2),
+            chose("FULL", 4, 4, num_active_loras=1),
+            "a graph for 1 LoRAs with 2 active",
+        ),
     ],
 )
 def test_coverage_flags_uniform_query_bound_and_lora_shortfalls(
-    inputs: dict, descriptor: dict
+    inputs: dict, descriptor: dict, shortfall: str
 ) -> None:
     records = [
         {"inputs": inputs, "descriptor": descriptor, "agreement": agreed([4, 4])}
     ] * 2
-    assert failing(records) == ["coverage"]
+    assert judged(records) == [
+        ("coverage", "step 0", (0,), f"rank 0 runs FULL 4: {shortfall}")
+    ]
 
 
 def test_coverage_lets_a_split_eager_step_pad_tokens_but_not_requests() -> None:
@@ -268,7 +310,15 @@ def test_coverage_lets_a_split_eager_step_pad_tokens_but_not_requests() -> None:
         **padded[0],
         "descriptor": chose("NONE", 6, 6, ubatches=2),  # rank 0 has 4 requests
     }
-    assert "coverage" in failing(padded, policy=SPLITTING)
+    assert judged(padded, policy=SPLITTING) == [
+        (
+            "coverage",
+            "step 0",
+            (0,),
+            "rank 0 runs NONE 6: an eager descriptor for 6 requests and 6 tokens, "
+            "not the batch's own 4 and 4",
+        )
+    ]
 
 
 @pytest.mark.parametrize("eager", [False, None], ids=["DPSyncState", "tensor"])
@@ -291,7 +341,15 @@ def test_coverage_lets_ranks_run_eager_at_an_agreed_graph_size_the_table_lacked(
     assert "coverage" not in failing(records)
     for synced in records:
         synced["agreement"] = agreed([2, 2], eager=True)  # then nothing was padded
-    assert "coverage" in failing(records)
+    assert judged(records) == [
+        (
+            "coverage",
+            "step 0",
+            (1,),
+            "rank 1 runs NONE 2: an eager descriptor for 1 requests and 2 tokens, "
+            "not the batch's own 1 and 1",
+        )
+    ]
 
 
 def test_eager_contagion_flags_an_ignored_need_eager() -> None:
@@ -307,7 +365,14 @@ def test_eager_contagion_flags_an_ignored_need_eager() -> None:
             "agreement": agreed([2, 2]),
         },
     ]
-    assert failing(records) == ["eager-contagion"]
+    assert judged(records) == [
+        (
+            "eager-contagion",
+            "step 0",
+            (0, 1),
+            "rank 0 asked for eager but replays a FULL graph",
+        )
+    ]
 
 
 def test_idle_flags_an_agreement_when_nobody_has_work() -> None:
@@ -318,7 +383,9 @@ def test_idle_flags_an_agreement_when_nobody_has_work() -> None:
             "agreement": agreed([0, 0]),
         }
     ] * 2
-    assert failing(records, skip_forward_on=(0, 1)) == ["idle"]
+    assert judged(records, skip_forward_on=(0, 1)) == [
+        ("idle", "step 0", (0,), "no rank has work, yet rank 0 got an agreement to run")
+    ]
     nothing = [
         {"inputs": batch(0), "descriptor": chose("NONE", 0, 0), "agreement": None}
     ] * 2
@@ -329,7 +396,9 @@ def test_idle_flags_a_busy_step_without_an_agreement() -> None:
     records = [
         {"inputs": batch(1), "descriptor": chose("FULL", 1, 1), "agreement": None}
     ] * 2
-    assert failing(records) == ["idle"]
+    assert judged(records) == [
+        ("idle", "step 0", (0,), "some rank has work, yet rank 0 got no agreement")
+    ]
 
 
 def test_padded_counts_flags_agreed_counts_not_updated_to_the_padding() -> None:
@@ -340,7 +409,14 @@ def test_padded_counts_flags_agreed_counts_not_updated_to_the_padding() -> None:
             "agreement": agreed([3, 3]),
         }
     ] * 2
-    assert failing(records) == ["padded-counts"]
+    assert judged(records) == [
+        (
+            "padded-counts",
+            "step 0",
+            (0,),
+            "rank 0's agreement says rank 0 runs 3 tokens; it runs 4",
+        )
+    ]
 
 
 def test_ubatch_split_flags_an_empty_last_microbatch() -> None:
@@ -357,7 +433,15 @@ def test_ubatch_split_flags_an_empty_last_microbatch() -> None:
             "agreement": agreed([128, 128]),
         },
     ]
-    assert failing(records) == ["ubatch-split"]
+    assert judged(records) == [
+        (
+            "ubatch-split",
+            "step 0",
+            (0,),
+            "rank 0 replays a FULL graph of 128 tokens in 2 microbatches with 64 "
+            "real tokens: its last microbatch is empty",
+        )
+    ]
     filled = [dict(records[1]), dict(records[1])]
     filled[0] = {**records[0], "inputs": batch(65, 8)}
     assert failing(filled) == []
@@ -395,22 +479,34 @@ def split_phase(
 
 
 @pytest.mark.parametrize(
-    ("tokens", "decode", "allow", "expected"),
+    ("tokens", "decode", "allow", "expected", "votes"),
     [
-        ([4, 6], True, True, 2),  # the smallest reaches the decode threshold
-        ([3, 6], True, True, 1),  # the smallest does not
-        ([6, 9], False, True, 1),  # a prefill is held to the prefill threshold
-        ([8, 9], False, True, 2),
-        ([4, 6], True, False, 1),  # rank 0 did not allow it
+        # The smallest reaches the decode threshold.
+        ([4, 6], True, True, 2, "4 tokens decode, 6 tokens decode"),
+        # The smallest does not.
+        ([3, 6], True, True, 1, "3 tokens decode, 6 tokens decode"),
+        # A prefill is held to the prefill threshold.
+        ([6, 9], False, True, 1, "6 tokens, 9 tokens"),
+        ([8, 9], False, True, 2, "8 tokens, 9 tokens"),
+        # Rank 0 did not allow it.
+        ([4, 6], True, False, 1, "4 tokens decode no-split, 6 tokens decode"),
     ],
 )
 def test_ubatch_decision_flags_a_split_the_votes_do_not_call_for(
-    tokens: list[int], decode: bool, allow: bool, expected: int
+    tokens: list[int], decode: bool, allow: bool, expected: int, votes: str
 ) -> None:
     right = split_phase(tokens, expected, decode=decode, allow=allow)
     assert failing(right, policy=SPLITTING) == []
     wrong = split_phase(tokens, 3 - expected, decode=decode, allow=allow)
-    assert failing(wrong, policy=SPLITTING) == ["ubatch-decision"]
+    assert judged(wrong, policy=SPLITTING) == [
+        (
+            "ubatch-decision",
+            "step 0",
+            (0,),
+            f"rank 0 runs {3 - expected} microbatch(es), but the votes [{votes}] "
+            f"with thresholds decode 4 / prefill 8 call for {expected}",
+        )
+    ]
     # Without microbatching configured there is nothing to decide.
     assert "ubatch-decision" not in failing(wrong)
 
@@ -437,11 +533,24 @@ def graph_phase(mode: str, tokens: int) -> list[dict[str, Any]]:
 def test_graph_choice_flags_needless_eager_and_over_padding_only() -> None:
     # The table gives the agreed batch (3 tokens) a FULL graph of 4.
     assert failing(graph_phase("FULL", 4), expected=oracle("FULL", 4)) == []
-    assert failing(graph_phase("NONE", 0), expected=oracle("FULL", 4)) == [
-        "graph-choice"
+    agreed_batch = "(largest 3 tokens, uniform None, query bound None)"
+    assert judged(graph_phase("NONE", 0), expected=oracle("FULL", 4)) == [
+        (
+            "graph-choice",
+            "step 0",
+            (0,),
+            f"rank 0 runs NONE x 3 tokens, but the agreed batch {agreed_batch} "
+            "calls for FULL x 4 tokens",
+        )
     ]
-    assert failing(graph_phase("FULL", 8), expected=oracle("FULL", 4)) == [
-        "graph-choice"
+    assert judged(graph_phase("FULL", 8), expected=oracle("FULL", 4)) == [
+        (
+            "graph-choice",
+            "step 0",
+            (0,),
+            f"rank 0 runs FULL x 8 tokens, but the agreed batch {agreed_batch} "
+            "calls for FULL x 4 tokens",
+        )
     ]
     # Where the oracle says eager, a graph is for the safety properties to
     # judge (here none objects), not reported twice.
@@ -450,7 +559,7 @@ def test_graph_choice_flags_needless_eager_and_over_padding_only() -> None:
     assert failing(graph_phase("NONE", 0)) == []
 
 
-def solo_verdicts(alone: dict[str, Any], *, sync_alone: bool = False) -> list[str]:
+def solo_verdicts(alone: dict[str, Any], *, sync_alone: bool = False) -> list[Pinned]:
     """Two ranks sync a step together, then each alone, as the scenarios do."""
     together = {
         "inputs": batch(3),
@@ -469,7 +578,7 @@ def solo_verdicts(alone: dict[str, Any], *, sync_alone: bool = False) -> list[st
     result = simulate(program, ranks=2)
     step = (RankBatch.from_dict(together["inputs"]),) * 2
     case = Case("step", "contract", POLICY, (step,))
-    return [verdict.property for verdict in judge(case, result, [PROPERTIES["solo"]])]
+    return pinned(judge(case, result, [PROPERTIES["solo"]]))
 
 
 def test_solo_flags_a_skipped_sync_that_answers_differently_or_syncs() -> None:
@@ -479,9 +588,20 @@ def test_solo_flags_a_skipped_sync_that_answers_differently_or_syncs() -> None:
         "agreement": agreed([4, 4]),
     }
     assert solo_verdicts(same) == []
-    assert solo_verdicts(same, sync_alone=True) == ["solo"]
+    assert solo_verdicts(same, sync_alone=True) == [
+        ("solo", "solo 0", (0,), "rank 0 skipped DP coordination but synced")
+    ]
     own_column_lost = {**same, "agreement": agreed([4, 0])}
-    assert solo_verdicts(own_column_lost) == ["solo"]
+    assert solo_verdicts(own_column_lost) == [
+        (
+            "solo",
+            "solo 0",
+            (0,),
+            "rank 0 alone got agreement {num_tokens_across_dp=[4, 0], eager=False}, "
+            "but with every rank's identical batch the ranks agreed "
+            "{num_tokens_across_dp=[4, 4], eager=False}",
+        )
+    ]
 
 
 def test_every_property_documents_what_it_guards() -> None:
@@ -514,25 +634,47 @@ def test_agreed_values_flags_a_wrong_value_every_rank_shares() -> None:
             "agreement": agreed([2, 2], uniform_token_count=1),
         },
     ] * 2
-    assert failing(records) == ["agreed-values"]
+    assert judged(records) == [
+        (
+            "agreed-values",
+            "step 0",
+            (0, 1),
+            "agreed uniform length 1, but the ranks passed [None, None]",
+        )
+    ]
 
 
 @pytest.mark.parametrize(
-    ("inputs", "descriptor", "agreement"),
+    ("inputs", "descriptor", "agreement", "message"),
     [
         # A request bound below a rank's batch.
-        (batch(4, 3), chose("PIECEWISE", 4), agreed([4, 4], num_reqs=2)),
+        (
+            batch(4, 3),
+            chose("PIECEWISE", 4),
+            agreed([4, 4], num_reqs=2),
+            "agreed request bound 2, but the ranks have up to 3 requests",
+        ),
         # Drafts skipped though a rank did not allow it.
-        (batch(2), chose("FULL", 2, 2), agreed([2, 2], skip_drafts=True)),
+        (
+            batch(2),
+            chose("FULL", 2, 2),
+            agreed([2, 2], skip_drafts=True),
+            "agreed skip_drafts=True, but the ranks voted [False, False]",
+        ),
         # Agreed eager while the ranks replay graphs.
-        (batch(2), chose("FULL", 2, 2), agreed([2, 2], eager=True)),
+        (
+            batch(2),
+            chose("FULL", 2, 2),
+            agreed([2, 2], eager=True),
+            "agreed eager, but a rank replays a FULL graph",
+        ),
     ],
 )
 def test_agreed_values_flags_request_bound_skip_drafts_and_eager(
-    inputs: dict, descriptor: dict, agreement: dict
+    inputs: dict, descriptor: dict, agreement: dict, message: str
 ) -> None:
     records = [{"inputs": inputs, "descriptor": descriptor, "agreement": agreement}] * 2
-    assert "agreed-values" in failing(records)
+    assert judged(records) == [("agreed-values", "step 0", (0, 1), message)]
 
 
 def test_agreed_values_accepts_a_full_graphs_padded_request_bound() -> None:
@@ -553,7 +695,7 @@ def test_agreed_values_accepts_a_full_graphs_padded_request_bound() -> None:
 
 def reuse_run(
     resync: bool, reused_agreement: dict[str, Any], runs: int = 2
-) -> list[str]:
+) -> list[Pinned]:
     """A fresh sync, then a reusing one; ``resync`` makes the reuse all-reduce again."""
     fresh = {
         "inputs": batch(2),
@@ -579,18 +721,27 @@ def reuse_run(
 
     result = simulate(program, ranks=2)
     case = Case("drafter", "contract", POLICY, ((RankBatch(2, 2), RankBatch(2, 2)),))
-    return [verdict.property for verdict in judge(case, result)]
+    return pinned(judge(case, result))
 
 
 def test_reuse_flags_a_second_sync_and_a_changed_agreement_but_allows_padding() -> None:
     assert reuse_run(resync=False, reused_agreement=agreed([2, 2])) == []
     padded_further = agreed([4, 4])
     assert reuse_run(resync=False, reused_agreement=padded_further, runs=4) == []
-    assert reuse_run(resync=True, reused_agreement=agreed([2, 2])) == ["reuse"]
-    assert reuse_run(resync=False, reused_agreement=agreed([2, 2], eager=True)) == [
-        "reuse"
+    where = ("reuse", "drafter prefill 0", (0,))
+    assert reuse_run(resync=True, reused_agreement=agreed([2, 2])) == [
+        (*where, "rank 0 reused an agreement but synced again")
     ]
-    assert reuse_run(resync=False, reused_agreement=agreed([1, 1]), runs=1) == ["reuse"]
+    assert reuse_run(resync=False, reused_agreement=agreed([2, 2], eager=True)) == [
+        (*where, "reuse changed the agreed eager from False to True")
+    ]
+    assert reuse_run(resync=False, reused_agreement=agreed([1, 1]), runs=1) == [
+        (
+            *where,
+            "reuse changed the agreed counts from [2, 2] to [1, 1], not only "
+            "padding them",
+        )
+    ]
 
 
 # -- verdict ranks: distinct and ascending, as a counterexample's reader wants ---

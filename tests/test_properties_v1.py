@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_properties import POLICY, batch, chose
+from test_properties import POLICY, Pinned, batch, chose, pinned
 
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, judge, not_run, select
@@ -72,6 +72,10 @@ def failing(records: list[dict[str, Any]], **options: Any) -> list[str]:
     return [verdict.property for verdict in v1_verdicts(records, **options)]
 
 
+def judged(records: list[dict[str, Any]], **options: Any) -> list[Pinned]:
+    return pinned(v1_verdicts(records, **options))
+
+
 def test_properties_that_do_not_apply_to_v1_say_why_and_are_not_run() -> None:
     skipped = not_run("v1")
     assert set(skipped) == {"agreed-values", "reuse", "idle"}
@@ -85,7 +89,14 @@ def test_properties_that_do_not_apply_to_v1_say_why_and_are_not_run() -> None:
     records = [
         {"inputs": batch(1), "descriptor": chose("FULL", 1, 1), "agreement": wrong}
     ] * 2
-    assert failing(records, runner=None) == ["agreed-values"]
+    assert judged(records, runner=None) == [
+        (
+            "agreed-values",
+            "step 0",
+            (0, 1),
+            "agreed uniform length 7, but the ranks passed [None, None]",
+        )
+    ]
     assert failing(records) == []
 
 
@@ -101,7 +112,16 @@ def test_coverage_on_v1_takes_an_eager_descriptor_without_a_request_count() -> N
     assert failing(records) == []
     # The same descriptor is a shortfall for V2, whose eager descriptors do.
     v2 = [{**record, "agreement": None} for record in records]
-    assert "coverage" in failing(v2, runner=None)
+    (shortfall,) = [
+        found for found in judged(v2, runner=None) if found[0] == "coverage"
+    ]
+    assert shortfall == (
+        "coverage",
+        "step 0",
+        (0,),
+        "rank 0 runs NONE 3: an eager descriptor for None requests and 3 tokens, "
+        "not the batch's own 2 and 3",
+    )
 
 
 def uniform_phase(lengths: tuple[int, ...]) -> list[dict[str, Any]]:
@@ -126,7 +146,15 @@ def test_coverage_on_v1_holds_every_request_to_the_uniform_graphs_length() -> No
     assert failing(uniform_phase((1,))) == []
     assert failing(uniform_phase((2, 1))) == []
     # A three-token request cannot run in a decode graph of length 2.
-    assert failing(uniform_phase((3, 1))) == ["coverage"]
+    assert judged(uniform_phase((3, 1))) == [
+        (
+            "coverage",
+            "step 0",
+            (1,),
+            "rank 1 runs FULL 4: a uniform-decode graph of length 2 for a batch "
+            "with a request of 3 tokens",
+        )
+    ]
 
 
 def split_records(ubatches: list[int]) -> list[dict[str, Any]]:
@@ -154,16 +182,30 @@ def choices(parts: int) -> list[dict[str, Any]]:
 
 def test_ubatch_decision_on_v1_holds_each_rank_to_the_oracles_split() -> None:
     assert failing(split_records([2, 2]), policy=SPLITTING, expected=choices(2)) == []
-    assert failing(split_records([1, 1]), policy=SPLITTING, expected=choices(2)) == [
-        "ubatch-decision"
+    assert judged(split_records([1, 1]), policy=SPLITTING, expected=choices(2)) == [
+        (
+            "ubatch-decision",
+            "step 0",
+            (0,),
+            "rank 0 runs 1 microbatch(es), but the votes [6 tokens, 6 tokens] with "
+            "thresholds decode 1 / prefill 1 and every rank's last microbatch of 8 "
+            "tokens call for 2",
+        )
     ]
     # No oracle (a step it could not judge): no verdict rather than a guess.
     assert "ubatch-decision" not in failing(split_records([1, 1]), policy=SPLITTING)
     # On a V2 trace the same records are judged by V2's own rule: the
     # smallest rank's 6 tokens reach the prefill threshold of 1.
-    assert "ubatch-decision" in failing(
-        split_records([1, 1]), policy=SPLITTING, runner=None
-    )
+    v2 = judged(split_records([1, 1]), policy=SPLITTING, runner=None)
+    assert [found for found in v2 if found[0] == "ubatch-decision"] == [
+        (
+            "ubatch-decision",
+            "step 0",
+            (0,),
+            "rank 0 runs 1 microbatch(es), but the votes [6 tokens, 6 tokens] with "
+            "thresholds decode 1 / prefill 1 call for 2",
+        )
+    ]
 
 
 def test_naming_a_property_that_is_not_run_on_v1_is_refused_in_one_line() -> None:
