@@ -252,7 +252,7 @@ def test_a_regression_test_passes_once_the_bug_is_fixed(
 # -- hostile and broken files ------------------------------------------------------
 
 
-def _mutations() -> list[tuple[str, Any]]:
+def _mutations() -> list[tuple[str, Any, str]]:
     def set_path(path: tuple[Any, ...], value: Any) -> Any:
         def mutate(data: dict[str, Any]) -> dict[str, Any]:
             node: Any = data
@@ -270,41 +270,180 @@ def _mutations() -> list[tuple[str, Any]]:
 
         return mutate
 
+    def reshape_steps(widths: list[int]) -> Any:
+        def mutate(data: dict[str, Any]) -> dict[str, Any]:
+            (step,) = data["case"]["steps"]
+            data["case"]["steps"] = [step[:width] for width in widths]
+            return data
+
+        return mutate
+
     batch = ("case", "steps", 0, 0)
+    bad = "malformed counterexample: "
+    tokens = f"{bad}case.steps[0][0].num_tokens must be"
     return [
-        ("not an object", lambda data: [data]),
-        ("foreign kind", set_path(("kind",), "something-else")),
-        ("future schema", set_path(("schema",), 99)),
-        ("no case", drop("case")),
-        ("no choices", drop("choices")),
-        ("case is a list", set_path(("case",), [])),
-        ("tokens as text", set_path((*batch, "num_tokens"), "12")),
-        ("tokens as bool", set_path((*batch, "num_tokens"), True)),
-        ("tokens as float", set_path((*batch, "num_tokens"), 1.5)),
-        ("negative tokens", set_path((*batch, "num_tokens"), -1)),
-        ("huge tokens", set_path((*batch, "num_tokens"), 10**30)),
-        ("flag as int", set_path((*batch, "need_eager"), 1)),
-        ("unknown batch key", set_path((*batch, "exec"), "rm -rf /")),
-        ("unknown kind", set_path((*batch, "kind"), "weird")),
-        ("ragged steps", set_path(("case", "steps"), [[{}], []])),
-        ("no steps", set_path(("case", "steps"), [])),
-        ("too many ranks", set_path(("case", "steps"), [[{}] * 5000])),
-        ("dp_size lies", set_path(("case", "dp_size"), 3)),
-        ("unknown scenario", set_path(("case", "scenario"), "__import__")),
-        ("bad policy", set_path(("case", "policy", "cudagraph_mode"), "TURBO")),
-        ("huge policy", set_path(("case", "policy", "capture_sizes"), [1] * 5000)),
-        ("choice out of range", set_path(("choices",), [0, 7])),
-        ("choice as text", set_path(("choices",), ["0"])),
-        ("unknown property", set_path(("properties",), ["no-hang", "os.system"])),
-        ("unknown outcome", set_path(("outcome",), "fine")),
-        ("verdict rank out of range", set_path(("verdicts", 0, "ranks"), [9])),
-        ("bad digest", set_path(("target", "files", "vllm.x"), "not-a-digest")),
-        ("bad module name", set_path(("target", "files"), {"../../etc": "0" * 64})),
-        ("unknown spec kind", set_path(("target", "spec", "kind"), "url")),
-        ("unknown runner", set_path(("target", "spec", "runner"), "v3")),
-        ("caller file a number", set_path(("target", "spec", "caller_file"), 7)),
-        ("trace is text", set_path(("trace",), "x")),
-        ("version is a number", set_path(("dpsim_version",), 1)),
+        ("not an object", lambda data: [data], "not a dpsim counterexample file"),
+        (
+            "foreign kind",
+            set_path(("kind",), "something-else"),
+            "not a dpsim counterexample file",
+        ),
+        (
+            "future schema",
+            set_path(("schema",), 99),
+            "counterexample schema '99'; this dpsim reads 1",
+        ),
+        ("no case", drop("case"), f"{bad}file has no 'case'"),
+        ("no choices", drop("choices"), f"{bad}file has no 'choices'"),
+        (
+            "case is a list",
+            set_path(("case",), []),
+            f"{bad}case must be an object, got a list",
+        ),
+        (
+            "tokens as text",
+            set_path((*batch, "num_tokens"), "12"),
+            f"{tokens} an integer >= 0, got '12'",
+        ),
+        (
+            "tokens as bool",
+            set_path((*batch, "num_tokens"), True),
+            f"{tokens} an integer >= 0, got True",
+        ),
+        (
+            "tokens as float",
+            set_path((*batch, "num_tokens"), 1.5),
+            f"{tokens} an integer >= 0, got 1.5",
+        ),
+        (
+            "negative tokens",
+            set_path((*batch, "num_tokens"), -1),
+            f"{tokens} an integer >= 0, got -1",
+        ),
+        (
+            "huge tokens",
+            set_path((*batch, "num_tokens"), 10**30),
+            f"{tokens} at most 2,147,483,647, got an integer of 100 bits",
+        ),
+        (
+            "flag as int",
+            set_path((*batch, "need_eager"), 1),
+            f"{bad}case.steps[0][0].need_eager must be true or false",
+        ),
+        (
+            "unknown batch key",
+            set_path((*batch, "exec"), "rm -rf /"),
+            f"{bad}case.steps[0][0] has unknown keys: exec",
+        ),
+        (
+            "unknown kind",
+            set_path((*batch, "kind"), "weird"),
+            f"{bad}case.steps[0][0].kind = 'weird'; expected one of batch, decode, "
+            "dummy, idle, mixed, prefill, profile, varlen",
+        ),
+        (
+            "ragged steps",
+            reshape_steps([2, 1]),
+            f"{bad}case.steps: every step needs one batch per rank",
+        ),
+        (
+            "a step without ranks",
+            reshape_steps([2, 0]),
+            f"{bad}case.steps[1] has no ranks",
+        ),
+        (
+            "no steps",
+            set_path(("case", "steps"), []),
+            f"{bad}case.steps is empty; a case has at least one step",
+        ),
+        (
+            "too many ranks",
+            set_path(("case", "steps"), [[{}] * 5000]),
+            f"{bad}case.steps[0] has 5000 entries; at most 1024 allowed",
+        ),
+        (
+            "dp_size lies",
+            set_path(("case", "dp_size"), 3),
+            f"{bad}case.dp_size is 3 but each step has 2 batches",
+        ),
+        (
+            "unknown scenario",
+            set_path(("case", "scenario"), "__import__"),
+            f"{bad}case.scenario = '__import__'; expected one of drafter, profile, "
+            "step, ubatch",
+        ),
+        (
+            "bad policy",
+            set_path(("case", "policy", "cudagraph_mode"), "TURBO"),
+            f"{bad}malformed case: cudagraph_mode: unknown mode 'TURBO'; expected one "
+            "of NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE",
+        ),
+        (
+            "huge policy",
+            set_path(("case", "policy", "capture_sizes"), [1] * 5000),
+            f"{bad}case.policy.capture_sizes has 5000 entries; at most 2048 allowed",
+        ),
+        (
+            "choice out of range",
+            set_path(("choices",), [0, 7]),
+            f"{bad}choices[1] must be at most 1, got 7",
+        ),
+        (
+            "choice as text",
+            set_path(("choices",), ["0"]),
+            f"{bad}choices[0] must be an integer >= 0, got '0'",
+        ),
+        (
+            "unknown property",
+            set_path(("properties",), ["no-hang", "os.system"]),
+            # Then every property's name, which grows with the suite.
+            f"{bad}properties[1] = 'os.system'; expected one of agreed-values, ",
+        ),
+        (
+            "unknown outcome",
+            set_path(("outcome",), "fine"),
+            f"{bad}outcome = 'fine'; expected one of budget, crash, hang, mismatch, ok",
+        ),
+        (
+            "verdict rank out of range",
+            set_path(("verdicts", 0, "ranks"), [9]),
+            f"{bad}verdicts[0].ranks[0] must be at most 1, got 9",
+        ),
+        (
+            "bad digest",
+            set_path(("target", "files", "vllm.x"), "not-a-digest"),
+            f"{bad}target.files['vllm.x'] is not a SHA-256 hex digest",
+        ),
+        (
+            "bad module name",
+            set_path(("target", "files"), {"../../etc": "0" * 64}),
+            f"{bad}target.files: '../../etc' is not a module name",
+        ),
+        (
+            "unknown spec kind",
+            set_path(("target", "spec", "kind"), "url"),
+            f"{bad}target.spec.kind = 'url'; expected one of release, tree",
+        ),
+        (
+            "unknown runner",
+            set_path(("target", "spec", "runner"), "v3"),
+            f"{bad}target.spec.runner = 'v3'; expected one of v1, v2",
+        ),
+        (
+            "caller file a number",
+            set_path(("target", "spec", "caller_file"), 7),
+            f"{bad}target.spec.caller_file must be a string, got an integer",
+        ),
+        (
+            "trace is text",
+            set_path(("trace",), "x"),
+            f"{bad}trace must be an object, got a string",
+        ),
+        (
+            "version is a number",
+            set_path(("dpsim_version",), 1),
+            f"{bad}dpsim_version must be a string, got an integer",
+        ),
     ]
 
 
@@ -325,11 +464,14 @@ def valid(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("label", "mutate"), _mutations(), ids=[label for label, _ in _mutations()]
+    ("label", "mutate", "expected"),
+    _mutations(),
+    ids=[label for label, _, _ in _mutations()],
 )
 def test_a_malformed_file_is_refused_in_one_line(
     label: str,
     mutate: Any,
+    expected: str,
     valid: dict[str, Any],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -337,9 +479,11 @@ def test_a_malformed_file_is_refused_in_one_line(
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(mutate(json.loads(json.dumps(valid)))))
     assert main(["replay", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("dpsim: error: ") and len(err.strip().splitlines()) == 1
-    assert str(path) in err
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    # The field at fault and what is wrong with it, after the file's path.
+    assert line.startswith(f"dpsim: error: {path}: {expected}")
+    if label != "unknown property":
+        assert line == f"dpsim: error: {path}: {expected}"
 
 
 @pytest.mark.parametrize(
