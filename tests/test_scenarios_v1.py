@@ -487,7 +487,8 @@ def test_the_forward_runs_the_releases_dp_metadata_count_check(
     runs = Descriptor(CudagraphMode.FULL, 4, 4)
     # What coordinate_batch_across_dp returned: counts of 3 and 4 tokens.
     native = (*returned, torch.tensor([3, 4], dtype=torch.int32))
-    with pytest.raises(AssertionError):
+    # DPMetadata.make's own message: the rank's agreed count, then its own.
+    with pytest.raises(AssertionError, match=r"^3 4$"):
         _v1_dp_metadata(setting, 0, runs, native)  # rank 0 runs 4, was told 3
     _v1_dp_metadata(setting, 1, runs, native)
 
