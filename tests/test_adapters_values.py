@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,9 +72,19 @@ def test_a_mode_dpsim_does_not_know_is_refused_by_name() -> None:
         describe(_OldDescriptor(_Mode.SIDEWAYS, 1, 1))
 
 
-def test_counts_that_are_not_one_row_are_refused() -> None:
-    with pytest.raises(TypeError):
-        agreement_of(torch.tensor([[4], [4]]))
+@pytest.mark.parametrize(
+    ("counts", "shape"),
+    [(torch.tensor([[4], [4]]), "(2, 1)"), (torch.tensor(4), "()")],
+    ids=["a table", "one value"],
+)
+def test_counts_that_are_not_one_row_are_refused_by_name(
+    counts: torch.Tensor, shape: str
+) -> None:
+    with pytest.raises(
+        TypeError,
+        match=rf"^the agreed counts are not one row of per-rank counts: shape {re.escape(shape)}$",
+    ):
+        agreement_of(counts)
 
 
 def test_an_input_this_sync_cannot_take_is_refused_by_name() -> None:

@@ -469,14 +469,19 @@ def _state_agreement(state: Any) -> Agreement:
 
 
 def _counts(tensor: Any) -> tuple[int, ...]:
-    """A release's per-rank counts tensor as a tuple of ints."""
+    """A release's per-rank counts tensor as a tuple of ints; anything but
+    one row of counts (a 0-d tensor, a table) is refused by name."""
     values = tensor.tolist()
     # One type throughout: a 1-d integer tensor's are ints already, and
-    # int() of each cost twice the tolist(). Anything else (bools, floats,
-    # nested lists, a 0-d tensor's one value) goes through map(int), which
-    # converts or refuses as it always did.
+    # int() of each cost twice the tolist(). Anything else (bools, floats)
+    # goes through map(int).
     if type(values) is list and values and type(values[0]) is int:
         return tuple(values)
+    if type(values) is not list or any(type(value) is list for value in values):
+        shape = tuple(getattr(tensor, "shape", ()))
+        raise TypeError(
+            f"the agreed counts are not one row of per-rank counts: shape {shape}"
+        )
     return tuple(map(int, values))
 
 
