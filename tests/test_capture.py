@@ -46,6 +46,7 @@ from dpsim.records.policy import (
     PolicyError,
     vllm_default_sizes,
 )
+from dpsim.targets import load_target
 
 # ---------------------------------------------------------------- policies
 
@@ -859,8 +860,7 @@ RELEASES = ["0.20.0", "0.24.0", "0.28.0", "0.29.0", "0.30.0", "0.33.0"]
 
 
 def _target(version: str) -> Any:
-    targets = pytest.importorskip("dpsim.targets")
-    return targets.load_target(version)
+    return load_target(version)
 
 
 def _table_of(manager: Any) -> list[Any]:
