@@ -579,14 +579,14 @@ def run_protocol(
     raise AssertionError("the stream never finished")
 
 
-@settings(max_examples=80, database=None, deadline=None, derandomize=True)
-@given(workloads(min_ranks=1, max_ranks=1))
+# Streams with requests only: an empty one has nothing to run, and a quarter
+# of the drawn streams would pass here without running anything.
+@settings(max_examples=60, database=None, deadline=None, derandomize=True)
+@given(workloads(min_ranks=1, max_ranks=1).filter(lambda w: bool(w[1][0].requests)))
 def test_generated_streams_run_to_the_end_within_bounds(
     tmp_path_factory: pytest.TempPathFactory, workload: Any
 ) -> None:
     options, (stream,) = workload
-    if not stream.requests:
-        return
     tree = fake_tree(tmp_path_factory.mktemp("tree"))
     with collect_gaps() as gaps:
         iterations = run_protocol(
