@@ -441,8 +441,10 @@ def test_a_planted_engine_bug_hangs_real_processes_as_it_hangs_the_simulator(
     for trace, group in zip(lane.result.ranks, waiting, strict=True):
         parked = [event for event in trace.events if event.kind == PARKED_EVENT]
         assert bool(parked) == (group is None)
-    # Ended by the groups' own timeout, not the watchdog's.
-    assert lane.watchdog_fired is False
+    # Each rank standing in a collective was ended by its group's own timeout,
+    # as its log says. Whether the watchdog also fired (no log growth for the
+    # timeout plus a grace, while the run settles) is a race of wall clocks on
+    # a loaded machine, not part of what the bug does.
     assert [
         "Timed out" in (end.backend_error or "")
         for end, group in zip(lane.ends, waiting, strict=True)
