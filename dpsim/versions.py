@@ -30,11 +30,13 @@ from dpsim.report import table
 from dpsim.targets import load_target, parse_target
 from dpsim.targets.spec import OLDEST_SUPPORTED
 
-#: Every release whose V2 API dpsim adapts: the first of each minor, 0.18 to 0.33.
-SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(OLDEST_SUPPORTED[1], 34))
+#: Every release whose V2 API dpsim adapts: the first of each minor, 0.18 to 0.34.
+SUPPORTED_RELEASES = tuple(f"0.{minor}.0" for minor in range(OLDEST_SUPPORTED[1], 35))
 #: Every release of the V1 runner's ``coordinate_batch_across_dp``, patch
 #: releases included: the API drifted within minors' lifetimes (0.11.1 is the
-#: first with it; 0.11.x run it with a modelled caller).
+#: first with it; 0.11.x run it with a modelled caller). 0.33.0 is the last:
+#: 0.34.0 removed the V1 model runner (``V1_REMOVED``), so from it on a
+#: release's row is V2's only.
 V1_RELEASES = (
     "0.11.1",
     "0.11.2",

@@ -60,11 +60,26 @@ def test_a_file_as_target_still_parses(tmp_path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("version", ["0.18.0", "0.18.0rc1", "0.33.0", "1.0"])
+@pytest.mark.parametrize("version", ["0.18.0", "0.18.0rc1", "0.33.0", "0.34.0", "1.0"])
 def test_releases_from_the_oldest_supported_on_pass_the_gate(version: str) -> None:
     assert check_release(version) == version
     assert check_release(version, "v2") == version
+
+
+@pytest.mark.parametrize("version", ["0.18.0", "0.33.0", "0.33.1"])
+def test_releases_before_the_v1_runner_was_removed_pass_the_v1_gate(
+    version: str,
+) -> None:
     assert check_release(version, "v1") == version
+
+
+@pytest.mark.parametrize("version", ["0.34.0", "0.34.1", "0.35.0rc1", "1.0"])
+def test_the_v1_runner_is_refused_from_its_removal_on_saying_so(version: str) -> None:
+    with pytest.raises(TargetError) as refused:
+        check_release(version, "v1")
+    said = str(refused.value)
+    assert said.startswith(f"vllm {version} has no V1 model runner (vLLM 0.34.0 removed")
+    assert "needs vLLM" not in said and "\n" not in said
 
 
 @pytest.mark.parametrize("version", ["0.11.1", "0.11.2", "0.12.0", "0.17.1.post1"])
@@ -189,3 +204,40 @@ def test_a_tree_defaults_to_the_runner_it_has_and_refuses_the_other(
     assert parse_target(str(tmp_path)).runner == has
     with pytest.raises(TargetError, match=f"the {lacks.upper()} runner's DP sync"):
         parse_target(str(tmp_path), runner=lacks)
+
+
+def _tree(root: Path, *, v1_runner: bool) -> Path:
+    """A source tree with both runners' syncs (written here, no vLLM code),
+    the V2 model runner, and the V1 runner's files only when ``v1_runner``."""
+    package = root / "vllm"
+    files = {
+        "v1/worker/gpu/dp_utils.py": "def dispatch_cg_and_sync_dp(manager):\n    pass\n",
+        "v1/worker/dp_utils.py": "def coordinate_batch_across_dp(n):\n    pass\n",
+        "v1/worker/gpu/model_runner.py": "",
+    }
+    if v1_runner:
+        files["v1/worker/gpu_model_runner.py"] = ""
+        files["v1/cudagraph_dispatcher.py"] = ""
+    for relative, text in files.items():
+        (package / relative).parent.mkdir(parents=True, exist_ok=True)
+        (package / relative).write_text(text)
+    return root
+
+
+def test_a_tree_without_the_v1_runners_files_is_refused_for_v1_saying_it_was_removed(
+    tmp_path: Path,
+) -> None:
+    tree = _tree(tmp_path, v1_runner=False)
+    # Its coordinate_batch_across_dp stays (0.34's CPU runner calls it), but
+    # with no V1 model runner there is nothing for --runner v1 to test.
+    assert parse_target(str(tree)).runner == "v2"
+    with pytest.raises(TargetError) as refused:
+        parse_target(str(tree), runner="v1")
+    assert str(refused.value).startswith(
+        f"{tree / 'vllm'} has no V1 model runner (vLLM 0.34.0 removed"
+    )
+
+
+def test_a_tree_with_the_v1_runners_files_still_runs_v1(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, v1_runner=True)
+    assert parse_target(str(tree), runner="v1").runner == "v1"

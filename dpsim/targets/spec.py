@@ -7,7 +7,8 @@ installed ``vllm`` package directory (a path), or a single ``dp_utils.py``
 Every spec also names the model runner whose DP sync it tests: ``v2``
 (``v1/worker/gpu/dp_utils.py``, releases 0.18 and later) or ``v1``
 (``v1/worker/dp_utils.py``'s ``coordinate_batch_across_dp`` and its caller in
-``gpu_model_runner.py``, releases 0.11.1 and later). Left unsaid, it is the
+``gpu_model_runner.py``, releases 0.11.1 to 0.33, the last before 0.34.0
+removed that runner). Left unsaid, it is the
 runner the base (or the ``--target`` file) has: V2 where its sync exists,
 else V1, decided from the version or the files' text before anything is
 fetched or executed.
@@ -35,6 +36,13 @@ OLDEST_RELEASE = f"{OLDEST_SUPPORTED[0]}.{OLDEST_SUPPORTED[1]}.0"
 #: (0.10.x-0.11.0 padded with ``get_dp_padding``, which dpsim does not adapt).
 OLDEST_V1 = (0, 11, 1)
 OLDEST_V1_RELEASE = ".".join(str(part) for part in OLDEST_V1)
+#: The (major, minor) whose release removed the V1 model runner: 0.34.0 has
+#: no ``v1/worker/gpu_model_runner.py`` and no ``v1/cudagraph_dispatcher.py``
+#: (its ``coordinate_batch_across_dp`` stays, for the CPU runner and
+#: ``forward_context``). A release from it on is refused with V1 before it is
+#: fetched; a tree is judged by its files (:func:`v1_runner_removed`).
+V1_REMOVED = (0, 34)
+V1_REMOVED_RELEASE = f"{V1_REMOVED[0]}.{V1_REMOVED[1]}.0"
 
 #: The sync entry points each runner's ``dp_utils.py`` defines (V2's legacy
 #: 0.15-0.17 name included, so such a file is refused by V2's adapter, which
@@ -53,6 +61,9 @@ DP_UTILS_IN_CHECKOUT = f"vllm/{DP_UTILS_IN_PACKAGE}"
 V1_DP_UTILS_IN_PACKAGE = "v1/worker/dp_utils.py"
 V1_DP_UTILS_IN_CHECKOUT = f"vllm/{V1_DP_UTILS_IN_PACKAGE}"
 V1_CALLER_IN_PACKAGE = "v1/worker/gpu_model_runner.py"
+V1_DISPATCHER_IN_PACKAGE = "v1/cudagraph_dispatcher.py"
+#: The V2 model runner, which a tree that dropped the V1 runner still has.
+V2_RUNNER_IN_PACKAGE = "v1/worker/gpu/model_runner.py"
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,10 @@ def check_release(version: str, runner: str | None = None) -> str:
             "before it vLLM padded DP batches with get_dp_padding, which dpsim "
             "does not adapt; refused without fetching it"
         )
+    if runner == "v1" and key[:2] >= V1_REMOVED:
+        raise TargetError(
+            f"{v1_removed(f'vllm {version}')}; refused without fetching it"
+        )
     if runner == "v2" and key[:2] < OLDEST_SUPPORTED:
         raise TargetError(
             f"vllm {version} is older than dpsim supports with the V2 runner "
@@ -168,6 +183,26 @@ def check_release(version: str, runner: str | None = None) -> str:
             "refused without fetching it"
         )
     return version
+
+
+def v1_removed(what: str) -> str:
+    """Why ``what`` (a release or tree) cannot be tested with the V1 runner
+    when that runner is gone from it: one line, naming the V2 runner instead."""
+    return (
+        f"{what} has no V1 model runner (vLLM {V1_REMOVED_RELEASE} removed "
+        f"vllm/{V1_CALLER_IN_PACKAGE} and vllm/{V1_DISPATCHER_IN_PACKAGE}): "
+        "nothing for --runner v1 to test; its V2 runner is tested by default"
+    )
+
+
+def v1_runner_removed(package_dir: Path) -> bool:
+    """Whether the ``vllm/`` at ``package_dir`` is one from which the V1
+    model runner was removed: its V2 model runner is there and neither of the
+    V1 runner's files is (a tree older than the V1 runner lacks the V2 one too)."""
+    return (package_dir / V2_RUNNER_IN_PACKAGE).is_file() and not any(
+        (package_dir / relative).is_file()
+        for relative in (V1_CALLER_IN_PACKAGE, V1_DISPATCHER_IN_PACKAGE)
+    )
 
 
 def parse_base(text: str) -> BaseSpec:
@@ -281,6 +316,8 @@ def _base_runner(base: BaseSpec) -> str:
 
 
 def _tree_has(base: TreeSpec, runner: str) -> bool:
+    if runner == "v1" and v1_runner_removed(base.package_dir):
+        return False  # its coordinate_batch_across_dp has no V1 runner calling it
     relative = DP_UTILS_IN_PACKAGE if runner == "v2" else V1_DP_UTILS_IN_PACKAGE
     names = V2_ENTRIES[:2] if runner == "v2" else (V1_ENTRY,)
     try:
@@ -290,6 +327,8 @@ def _tree_has(base: TreeSpec, runner: str) -> bool:
 
 
 def _check_tree(base: TreeSpec, runner: str) -> None:
+    if runner == "v1" and v1_runner_removed(base.package_dir):
+        raise TargetError(v1_removed(str(base)))
     if not _tree_has(base, runner):
         where = DP_UTILS_IN_PACKAGE if runner == "v2" else V1_DP_UTILS_IN_PACKAGE
         what = (

@@ -25,7 +25,13 @@ from dpsim.records.policy import CudagraphMode, ManagerConfig, Microbatching
 from dpsim.targets import adapters, load, standins
 from dpsim.targets.manager import ParallelConfigStandIn
 from dpsim.targets.shim import EXECUTED, LENIENT, LoadedFile, ModuleLoader, function
-from dpsim.targets.spec import OLDEST_V1_RELEASE, V1_ENTRY, TargetSpec
+from dpsim.targets.spec import (
+    OLDEST_V1_RELEASE,
+    V1_ENTRY,
+    TargetSpec,
+    v1_removed,
+    v1_runner_removed,
+)
 from dpsim.targets.v1 import caller as caller_module
 from dpsim.targets.v1.api import V1API, CallerLike, recording
 from dpsim.targets.v1.dispatcher import build_dispatcher
@@ -133,6 +139,8 @@ def load_v1(spec: TargetSpec, package_dir: Path, version: str | None) -> V1Targe
         executed=EXECUTED | V1_EXECUTED,
         lenient=V1_LENIENT,
     )
+    if v1_runner_removed(package_dir):
+        raise TargetError(v1_removed(str(spec.base)))
     for required in (
         load.V1_DP_UTILS_MODULE,
         load.V1_DISPATCHER_MODULE,
