@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from dpsim.boundary import register_file
 from dpsim.errors import TargetError
 from dpsim.targets import runtime
 
@@ -334,6 +335,8 @@ class ModuleLoader:
 
     def _execute(self, name: str, path: Path, *, lenient: bool) -> types.ModuleType:
         data, tree = parse_source(path)
+        # Its frames are the target's: whose an error is goes by them.
+        register_file(path)
         tree = _TickEveryLoop().visit(tree)
         module: types.ModuleType = (
             ShimModule(name, self) if lenient else (types.ModuleType(name))

@@ -144,6 +144,7 @@ def real_class(
         for name in sorted(loaded_names(node) - have):
             if name not in namespace:
                 namespace[name] = _unsupplied(name)
+    where.register_file(path)
     code = compile(module, str(path), "exec", dont_inherit=True)
     try:
         exec(code, namespace)

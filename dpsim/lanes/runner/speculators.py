@@ -88,6 +88,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dpsim.boundary import register_file
 from dpsim.errors import TargetError, UsageError
 from dpsim.lanes.runner.extract import class_node, find_class, real_class
 from dpsim.lanes.runner.forward import (
@@ -629,6 +630,7 @@ def _top_level_class(path: Path, name: str, namespace: dict[str, Any]) -> type |
     if node is None:
         return None
     module = ast.Module(body=[node], type_ignores=[])
+    register_file(path)
     exec(compile(module, str(path), "exec", dont_inherit=True), namespace)
     made = namespace[name]
     assert isinstance(made, type)

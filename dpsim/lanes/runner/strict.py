@@ -4,8 +4,8 @@ Every stand-in the lane hands vLLM (a config, a model, a collaborator) and
 every real vLLM class it rebuilds (:func:`~dpsim.lanes.runner.extract.real_class`)
 derives from :class:`StrictObject`. Reading an attribute it does not hold is a
 *gap*: dpsim was not written for that question. A gap is logged into the
-active gap log (:func:`collect_gaps`), naming the owner, the attribute and
-the vLLM line that asked, and :class:`ModelGap` is raised. vLLM wraps much of
+active gap log (:func:`~dpsim.boundary.collect_gaps`), naming the owner, the
+attribute and the vLLM line that asked, and :class:`ModelGap` is raised. vLLM wraps much of
 its code in ``except Exception`` and probes with ``getattr(x, name, default)``,
 which would swallow the exception; the log does not forget, and the lane
 refuses any run whose log is not empty at the end.
@@ -21,53 +21,23 @@ libraries probe them on instances routinely, and vLLM's own code does not.
 from __future__ import annotations
 
 import functools
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 
-from dpsim.lanes.runner.where import vllm_location
+# The gap log is every lane's (the sync lane's stand-ins log gaps too); the
+# lane's modules and tests keep importing it from here.
+from dpsim.boundary import ModelGap, asked_at, collect_gaps, gap, modelled
+
+__all__ = [
+    "ModelGap",
+    "StrictObject",
+    "asked_at",
+    "collect_gaps",
+    "gap",
+    "instance",
+    "standin",
+]
 
 T = TypeVar("T")
-
-
-class ModelGap(Exception):
-    """vLLM asked dpsim something its stand-ins were not written to answer."""
-
-
-#: The active gap logs, outermost first; a gap goes into each.
-_logs: list[list[str]] = []
-
-
-@contextmanager
-def collect_gaps() -> Iterator[list[str]]:
-    """The gaps met inside the block, in order, each once.
-
-    Nested blocks each get every gap met while they are active (an outer run
-    refuses whatever an inner one saw).
-    """
-    gaps: list[str] = []
-    _logs.append(gaps)
-    try:
-        yield gaps
-    finally:
-        # By identity: a list equal to another must not remove the other.
-        index = next(i for i, log in enumerate(_logs) if log is gaps)
-        del _logs[index]
-
-
-def gap(text: str) -> ModelGap:
-    """Log ``text`` as a gap in every active log; the exception to raise."""
-    for log in _logs:
-        if text not in log:
-            log.append(text)
-    return ModelGap(text)
-
-
-def asked_at(depth: int = 1) -> str:
-    """Where the vLLM code asking is: the innermost vLLM frame from the
-    caller's caller (``depth`` frames up) outward, or a plain note."""
-    return vllm_location(sys._getframe(depth + 1)) or "(no vLLM frame on the stack)"
 
 
 class StrictObject:
@@ -82,8 +52,11 @@ class StrictObject:
     def __getattr__(self, name: str) -> Any:
         cls = type(self)
         if (name.startswith("__") and name.endswith("__")) or name in cls.ABSENT:
-            raise AttributeError(
-                f"{cls.OWNER or cls.__name__!s} object has no attribute {name!r}"
+            # What the real object raises too: vLLM's own doing if it escapes.
+            raise modelled(
+                AttributeError(
+                    f"{cls.OWNER or cls.__name__!s} object has no attribute {name!r}"
+                )
             )
         raise gap(f"{cls.OWNER or cls.__name__}.{name} read at {asked_at()}")
 

@@ -4,7 +4,7 @@ The runner lane runs real vLLM code compiled from release files (or a tree)
 under their real names, mixed with dpsim's own frames (stand-ins, the
 simulator). Which frames are vLLM's is decided by the code object's file name
 against a registry that :func:`~dpsim.lanes.runner.extract.real_class` and the
-lane's module loads fill (:func:`register_file`): a path match by name
+module loads fill (:func:`~dpsim.boundary.register_file`): a path match by name
 (``.../vllm/...``) could take dpsim's own or an installed vLLM's files for the
 target's.
 
@@ -18,62 +18,31 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import CodeType, FrameType
+from types import CodeType
 from typing import Any
 
-#: File name (as compiled) -> how locations show it ("v1/worker/gpu/model_runner.py").
-_FILES: dict[str, str] = {}
+from dpsim.boundary import (
+    display_name,
+    frame_location,
+    is_vllm_file,
+    register_file,
+    shown_name,
+    vllm_location,
+    vllm_stack,
+)
 
-
-def register_file(path: Path | str) -> str:
-    """Count code compiled from ``path`` as vLLM's; returns its display name
-    (the path below the ``vllm`` package, or the file name)."""
-    name = str(path)
-    shown = _FILES.get(name)
-    if shown is None:
-        shown = display_name(Path(name))
-        _FILES[name] = shown
-    return shown
-
-
-def display_name(path: Path) -> str:
-    """``path`` below its innermost ``vllm`` folder (``v1/worker/gpu_worker.py``);
-    the file name alone when it is not inside one."""
-    parts = path.parts
-    for index in range(len(parts) - 2, -1, -1):
-        if parts[index] == "vllm":
-            return "/".join(parts[index + 1 :])
-    return path.name
-
-
-def is_vllm_file(filename: str) -> bool:
-    return filename in _FILES
-
-
-def frame_location(frame: FrameType) -> str:
-    """``model_runner.py:1832 in execute_model`` for one vLLM frame."""
-    code = frame.f_code
-    return f"{_FILES[code.co_filename]}:{frame.f_lineno} in {code.co_name}"
-
-
-def vllm_location(frame: FrameType | None) -> str | None:
-    """The innermost vLLM frame from ``frame`` outward, as a location; None
-    when no frame on the stack is vLLM's."""
-    while frame is not None:
-        if frame.f_code.co_filename in _FILES:
-            return frame_location(frame)
-        frame = frame.f_back
-    return None
-
-
-def vllm_stack(frame: FrameType | None) -> tuple[str, ...]:
-    """Every vLLM frame from ``frame`` outward, innermost first."""
-    found: list[str] = []
-    while frame is not None:
-        if frame.f_code.co_filename in _FILES:
-            found.append(frame_location(frame))
-        frame = frame.f_back
-    return tuple(found)
+# vLLM's files are every lane's (dpsim.boundary tells whose an error is by
+# them); the lane's modules and tests keep importing them from here.
+__all__ = [
+    "FunctionCoverage",
+    "LineCoverage",
+    "display_name",
+    "frame_location",
+    "is_vllm_file",
+    "register_file",
+    "vllm_location",
+    "vllm_stack",
+]
 
 
 @dataclass(frozen=True)
@@ -90,7 +59,7 @@ class FunctionCoverage:
     @property
     def shown(self) -> str:
         """``v1/worker/gpu/model_runner.py:1764 GPUModelRunner.execute_model``."""
-        where = _FILES.get(self.filename) or Path(self.filename).name
+        where = shown_name(self.filename) or Path(self.filename).name
         return f"{where}:{self.first_line} {self.name}"
 
     @property
@@ -123,7 +92,7 @@ class LineCoverage:
                 self._root.setdefault(part, code)
         files = dict.fromkeys(code.co_filename for code in self._roots)
         self._measurement = measure(
-            Scope(name, _FILES.get(name) or Path(name).name) for name in files
+            Scope(name, shown_name(name) or Path(name).name) for name in files
         )
         self._running: Any = None
 

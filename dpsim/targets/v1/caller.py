@@ -29,6 +29,7 @@ from pathlib import Path
 from types import CodeType, MethodType
 from typing import Any
 
+from dpsim.boundary import register_file
 from dpsim.errors import TargetError
 from dpsim.targets.cut import StripAnnotations, Unsupplied, free_names, tick
 from dpsim.targets.shim import TICK_NAME, _TickEveryLoop, parse_source
@@ -313,6 +314,7 @@ def _prepared(method: Method) -> ast.Module:
 def _compile(
     module: ast.Module, name: str, path: Path, namespace: dict[str, Any]
 ) -> Callable[..., Any]:
+    register_file(path)
     code: CodeType = compile(module, str(path), "exec", dont_inherit=True)
     namespace.setdefault(TICK_NAME, tick())
     exec(code, namespace)

@@ -83,6 +83,7 @@ import numpy as np
 import torch
 from typing_extensions import deprecated
 
+from dpsim.boundary import register_file
 from dpsim.errors import TargetError, UsageError
 from dpsim.lanes.runner.extract import class_node, find_class, real_class
 from dpsim.lanes.runner.forward import HIDDEN_SIZE, FakeModel, ForwardContexts
@@ -622,6 +623,7 @@ def _top_level(path: Path, name: str, namespace: dict[str, Any]) -> Any:
         return None
     module = ast.Module(body=[node], type_ignores=[])
     namespace = {"__name__": f"dpsim.lanes.runner.real.{name}", **namespace}
+    register_file(path)
     exec(compile(module, str(path), "exec", dont_inherit=True), namespace)
     return namespace[name]
 
