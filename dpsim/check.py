@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis.database import ExampleDatabase
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
+from dpsim.boundary import searching, stops_the_search
 from dpsim.collector import frozen_heap
 from dpsim.errors import UsageError
 from dpsim.properties import Property, Verdict, judge, select
@@ -418,15 +419,16 @@ def _check_scenario(
     )
     tally = None
     try:
-        # A shrink bounded by work, not the clock, under either engine.
-        with seeded_draws_only(), bounded_shrinking():
+        # A shrink bounded by work, not the clock, under either engine; a
+        # case dpsim cannot drive stops the search at once (dpsim.boundary).
+        with seeded_draws_only(), bounded_shrinking(), searching():
             if options.engine == "fast":
                 from dpsim.search import fast
 
                 tally = fast.Tally()
                 minimal = fast.find(
                     strategy,
-                    fails,
+                    stops_the_search(fails),
                     settings=config,
                     seed=options.seed,
                     database_key=database_key,
@@ -435,7 +437,7 @@ def _check_scenario(
             else:
                 minimal = find(
                     strategy,
-                    fails,
+                    stops_the_search(fails),
                     settings=config,
                     # Hypothesis turns the database off for a seeded search; with
                     # one, its stored examples come first and generation is not

@@ -55,7 +55,8 @@ def judge(evidence: Evidence) -> Verdict | None:
             "the executor's future)",
         )
     for trace in evidence.result.ranks:
-        if trace.error is not None:
+        # dpsim's own error is no verdict (runs refuse it before judging).
+        if trace.error is not None and trace.error.fault is None:
             return Verdict(
                 NAME,
                 None,

@@ -335,9 +335,23 @@ class ErrorInfo:
     type: str
     message: str
     where: str  # innermost frame, "file.py:LINE in function"
+    #: Set when the exception came from dpsim's side of its boundary with the
+    #: target (:func:`dpsim.boundary.fault_of`): why it is dpsim's and where
+    #: it stood. Such an error is never a verdict; a run that has one is
+    #: refused. None for the target's own exception.
+    fault: str | None = None
+
+    @property
+    def origin(self) -> str:
+        """``"dpsim"`` or ``"vllm"``: whose side of the boundary raised it."""
+        return "vllm" if self.fault is None else "dpsim"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "where": self.where}
+        data = {"type": self.type, "message": self.message, "where": self.where}
+        if self.fault is not None:
+            # Only then: a trace of the target's own errors keeps its bytes.
+            data["fault"] = self.fault
+        return data
 
 
 @dataclass(frozen=True)

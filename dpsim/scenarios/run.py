@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dpsim import allowances
+from dpsim.boundary import collect_gaps, fault_of, refusal, refused
 from dpsim.records.case import Case
 from dpsim.records.policy import CapturePolicy, CudagraphMode, ManagerConfig
 from dpsim.records.trace import SimResult
@@ -30,11 +31,24 @@ class PolicyRefused(Exception):
 
 
 def manager_for(target: Target, config: ManagerConfig) -> Any:
-    """The target's manager for ``config``; built once, shared read-only."""
+    """The target's manager for ``config``; built once, shared read-only.
+
+    vLLM's own ``ValueError`` or assertion refuses the policy
+    (:class:`PolicyRefused`); anything else, and anything from dpsim's side
+    (a constructor call the release no longer takes), refuses the run
+    (:class:`~dpsim.errors.BoundaryError`).
+    """
     try:
         return _built_manager(target, config)
     except (ValueError, AssertionError) as error:
+        if fault_of(error) is not None:
+            raise refusal(target.label, error, _BUILDING) from error
         raise PolicyRefused(f"{type(error).__name__}: {error}") from error
+    except Exception as error:
+        raise refusal(target.label, error, _BUILDING) from error
+
+
+_BUILDING = "building its CudaGraphManager"
 
 
 # Bounded, and small: generated policies differ from case to case, so a
@@ -158,14 +172,31 @@ def run_case(
     chooser: Chooser | None = None,
     step_budget: int | None = None,
 ) -> SimResult:
-    """Simulate ``case`` on ``target``; raises :class:`PolicyRefused` if vLLM would."""
+    """Simulate ``case`` on ``target``; raises :class:`PolicyRefused` if vLLM
+    would, and :class:`~dpsim.errors.BoundaryError` where dpsim could not
+    drive it: a gap was met, or a rank raised from dpsim's side of the
+    boundary (never a verdict; see :mod:`dpsim.boundary`)."""
     # Each case, its manager builds included, gets the same CPU allowance.
     allowances.case_started()
-    setting = setting_for(target, case)
     program = PROGRAMS[case.scenario]
     options: dict[str, Any] = {"chooser": chooser}
     if step_budget is not None:
         options["step_budget"] = step_budget
-    return simulate(
-        lambda rank: program(setting, case, rank), ranks=case.dp_size, **options
-    )
+    with collect_gaps() as gaps:
+        setting = setting_for(target, case)
+        result = simulate(
+            lambda rank: program(setting, case, rank), ranks=case.dp_size, **options
+        )
+    refuse_faults(target.label, result, gaps)
+    return result
+
+
+def refuse_faults(label: str, result: SimResult, gaps: list[str]) -> None:
+    """Refuse a run of ``label`` that met a gap, or in which a rank raised
+    from dpsim's side of the boundary: such a run has no verdict."""
+    if gaps:
+        more = f" (and {len(gaps) - 1} more)" if len(gaps) > 1 else ""
+        raise refused(label, f"a gap: {gaps[0]}{more}")
+    for trace in result.ranks:
+        if trace.error is not None and trace.error.fault is not None:
+            raise refused(label, f"rank {trace.rank} raised {trace.error.fault}")

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed
 
+from dpsim.boundary import modelled
 from dpsim.records.dist import GroupNamespace
 from dpsim.sim.scheduler import Scheduler
 
@@ -113,7 +114,11 @@ def _copy_into(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None
         torch._foreach_copy_(targets, sources)
     except Exception:  # the loop below raises what copy_ raises
         for target, source in zip(targets, sources, strict=True):
-            target.copy_(source)
+            try:
+                target.copy_(source)
+            except Exception as error:
+                modelled(error)  # torch's own error, for the tensors vLLM gave
+                raise
 
 
 class SimProcessGroup:
@@ -387,7 +392,7 @@ class SimCollectives:
         if op_name is None:
             raise ValueError(f"dpsim does not simulate reduce op {op!r}")
         if op_name == "AVG" and not tensor.is_floating_point():
-            raise ValueError("ReduceOp.AVG needs a floating-point tensor")
+            raise modelled(ValueError("ReduceOp.AVG needs a floating-point tensor"))
         signature = ("all_reduce", op_name, tensor.shape, tensor.dtype, None)
         return self._enter(group, signature, tensor, tensor, async_op)
 
@@ -400,9 +405,11 @@ class SimCollectives:
     ) -> SimWork | None:
         state = self._state_of(group)
         if len(tensor_list) != state.size:
-            raise ValueError(
-                f"all_gather needs {state.size} output tensors for group "
-                f"{state.name!r}, got {len(tensor_list)}"
+            raise modelled(
+                ValueError(
+                    f"all_gather needs {state.size} output tensors for group "
+                    f"{state.name!r}, got {len(tensor_list)}"
+                )
             )
         signature = (
             "all_gather",
@@ -422,9 +429,11 @@ class SimCollectives:
     ) -> SimWork | None:
         state = self._state_of(group)
         if output_tensor.numel() != state.size * input_tensor.numel():
-            raise ValueError(
-                f"all_gather_into_tensor output has {output_tensor.numel()} elements, "
-                f"needs {state.size} x {input_tensor.numel()}"
+            raise modelled(
+                ValueError(
+                    f"all_gather_into_tensor output has {output_tensor.numel()} "
+                    f"elements, needs {state.size} x {input_tensor.numel()}"
+                )
             )
         signature = (
             "all_gather_into_tensor",
@@ -444,8 +453,10 @@ class SimCollectives:
     ) -> SimWork | None:
         state = self._state_of(group)
         if not 0 <= src < len(state.position) or state.position[src] < 0:
-            raise ValueError(
-                f"broadcast source {src} is not a member of group {state.name!r}"
+            raise modelled(
+                ValueError(
+                    f"broadcast source {src} is not a member of group {state.name!r}"
+                )
             )
         signature = (
             "broadcast",
@@ -513,9 +524,11 @@ class SimCollectives:
                 state = self._state_of(group)  # raises the explanation
         position = state.position[rank]
         if position < 0:
-            raise ValueError(
-                f"rank {rank} called {signature[0]} on group {state.name!r}, "
-                f"which it is not a member of (members {list(state.members)})"
+            raise modelled(
+                ValueError(
+                    f"rank {rank} called {signature[0]} on group {state.name!r}, "
+                    f"which it is not a member of (members {list(state.members)})"
+                )
             )
         scheduler.charge()
         seq = state.next_seq[position]

@@ -37,6 +37,7 @@ from typing import Any
 
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from dpsim.boundary import fault_of
 from dpsim.records.trace import ErrorInfo, RankState
 from dpsim.sim import workers as workers_pool
 from dpsim.sim.choosers import Chooser, LowestFirst
@@ -66,14 +67,21 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 
 
 def describe_exception(error: BaseException) -> ErrorInfo:
-    """The error as a trace keeps it: stable across processes and runs."""
+    """The error as a trace keeps it: stable across processes and runs, and
+    whose it is (:func:`~dpsim.boundary.fault_of`)."""
     frames = traceback.extract_tb(error.__traceback__)
     where = ""
     if frames:
         innermost = frames[-1]
         where = f"{os.path.basename(innermost.filename)}:{innermost.lineno} in {innermost.name}"
     message = _ADDRESS.sub("0x?", str(error))
-    return ErrorInfo(type=type(error).__name__, message=message, where=where)
+    fault = fault_of(error)
+    return ErrorInfo(
+        type=type(error).__name__,
+        message=message,
+        where=where,
+        fault=None if fault is None else _ADDRESS.sub("0x?", str(fault)),
+    )
 
 
 class Scheduler:
