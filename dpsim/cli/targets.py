@@ -182,6 +182,11 @@ def _show_runner_lane(arguments: argparse.Namespace, specs: list[Any]) -> int:
             failures += 1
             print(f"dpsim: error: {error}", file=sys.stderr)
             continue
+        if not found.ran and found.refused:
+            # Not one case ran: the lane cannot drive this release at all.
+            failures += 1
+            print(f"dpsim: error: {found.refused[0][1]}", file=sys.stderr)
+            continue
         if arguments.json:
             print(json.dumps(coverage_json(target, found), sort_keys=True))
         else:

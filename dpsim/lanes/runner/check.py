@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis import strategies as st
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 
+from dpsim.boundary import searching, stops_the_search
 from dpsim.capture.strategies import MODES_SIMPLEST_FIRST
 from dpsim.properties import Property, Verdict, judge, select_for_runner_lane
 from dpsim.records.policy import (
@@ -249,9 +250,13 @@ def run_runner_check(
     )
     finding = None
     try:
-        with seeded_draws_only(), bounded_shrinking():
+        # A case the lane cannot drive stops the search at once (dpsim.boundary).
+        with seeded_draws_only(), bounded_shrinking(), searching():
             minimal = find(
-                strategy, fails, settings=config, random=Random(options.seed)
+                strategy,
+                stops_the_search(fails),
+                settings=config,
+                random=Random(options.seed),
             )
     except (NoSuchExample, Unsatisfiable):
         pass

@@ -93,6 +93,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dpsim.boundary import fault_of, modelled
 from dpsim.errors import TargetError
 from dpsim.lanes.runner.coordinator import (
     REQUEST_TYPES,
@@ -105,7 +106,7 @@ from dpsim.lanes.runner.extract import Origin, class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
-from dpsim.lanes.runner.strict import ModelGap, StrictObject, instance, standin
+from dpsim.lanes.runner.strict import ModelGap, StrictObject, gap, instance, standin
 from dpsim.lanes.runner.where import register_file, vllm_location
 from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.sync import WORKER_ERROR_EVENT
@@ -328,7 +329,12 @@ class Executor(StrictObject):
         try:
             return _CompletedFuture(method(argument))
         except Exception as error:
-            if kept and not isinstance(error, ModelGap):
+            fault = None if isinstance(error, ModelGap) else fault_of(error)
+            if fault is not None:
+                # dpsim's side of the boundary raised: logged as a gap, it
+                # refuses the run whatever the engine does with the future.
+                gap(f"the worker raised {fault}")
+            elif kept and not isinstance(error, ModelGap):
                 # The engine re-raises it only when it pops this batch and
                 # may first enter its next DP sync while peers wait: the
                 # trace must say this rank raised (no-error judges it). A
@@ -413,15 +419,15 @@ class InputQueue(StrictObject):
             if self._arrivals.pending():
                 self._arrivals.fast_forward()
             elif not block:
-                raise queue.Empty
+                raise modelled(queue.Empty())
         item = mailbox.get()
         if self._signalled:
-            raise SystemExit
+            raise modelled(SystemExit())
         return item
 
     def get_nowait(self) -> Any:
         if self._mailbox.empty():
-            raise queue.Empty
+            raise modelled(queue.Empty())
         return self._mailbox.get_nowait()
 
     def empty(self) -> bool:

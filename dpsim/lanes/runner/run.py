@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from dpsim import allowances
-from dpsim.errors import TargetError
+from dpsim.boundary import fault_of
+from dpsim.errors import BoundaryError, TargetError
 from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.sync import RUNNER_EVENT
 from dpsim.records.trace import SimResult
@@ -221,9 +222,11 @@ def run_runner_case(
 ) -> RunnerResult:
     """Simulate ``case`` on ``target`` through the release's real callers.
 
-    Raises :class:`TargetError` when the lane cannot drive the target (a
-    part refuses the release, or any stand-in was asked what it does not
-    know): never a verdict on a run the lane could not model.
+    Raises :class:`~dpsim.errors.BoundaryError` (a :class:`TargetError`)
+    when the lane cannot drive the target (a part refuses the release, any
+    stand-in was asked what it does not know, or a rank raised from dpsim's
+    side of the boundary, :mod:`dpsim.boundary`): never a verdict on a run
+    the lane could not model.
     """
     if target.runner != case.runner:
         raise TargetError(
@@ -251,26 +254,45 @@ def run_runner_case(
         except (TargetError, ModelGap) as refused:
             # A part refused the release, or a stand-in was asked something
             # while the ranks' parts were being built.
-            raise TargetError(_refusal(target, str(refused), gaps)) from None
+            raise _refusal(target, str(refused), gaps) from refused
+        except Exception as error:
+            # Building a rank's parts is dpsim calling vLLM with what it made:
+            # whatever raised there, the lane could not drive the release.
+            raise _refusal(target, str(fault_of(error) or _raised(error)), gaps) from (
+                error
+            )
     heap.settle()
     if gaps:
-        raise TargetError(_refusal(target, gaps[0], gaps))
+        raise _refusal(target, gaps[0], gaps)
     for trace in result.ranks:
         if trace.error is not None and trace.error.type in _REFUSALS:
             # A part refused the release from inside a rank's program.
-            raise TargetError(_refusal(target, trace.error.message, gaps))
+            raise _refusal(target, trace.error.message, gaps)
+        if trace.error is not None and trace.error.fault is not None:
+            # dpsim's side of the boundary raised in a rank (dpsim.boundary).
+            raise _refusal(
+                target, f"rank {trace.rank} raised {trace.error.fault}", gaps
+            )
     return RunnerResult(result, tuple(stood.get(rank, ()) for rank in range(dp_size)))
 
 
 #: Exceptions that, raised in a rank, mean the lane could not drive vLLM.
-_REFUSALS = frozenset({"TargetError", "ModelGap"})
+_REFUSALS = frozenset({"TargetError", "ModelGap", "BoundaryError"})
 
 
-def _refusal(target: Target, first: str, gaps: Sequence[str]) -> str:
+def _raised(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
+def _refusal(target: Target, first: str, gaps: Sequence[str]) -> BoundaryError:
+    """The one-line refusal of a run: ``first`` and how many gaps more. A
+    :class:`~dpsim.errors.BoundaryError`, so a search stops at it at once."""
     more = len(gaps) - 1 if gaps and gaps[0] == first else len(gaps)
     tail = f" (and {more} more gaps)" if more > 0 else ""
     text = first.removeprefix("runner lane: ")
-    return printable(f"runner lane cannot drive {target.label}: {text}{tail}")
+    return BoundaryError(
+        printable(f"runner lane cannot drive {target.label}: {text}{tail}")
+    )
 
 
 def _programs(
