@@ -44,7 +44,8 @@ from typing import Any
 
 from dpsim import allowances
 from dpsim.allowances import Allowance
-from dpsim.errors import UsageError
+from dpsim.boundary import refusal
+from dpsim.errors import UsageError, debugging
 
 #: The exit status when no verdict was reached because of the target: it
 #: ended or crashed the process, or outgrew an allowance. The status of a
@@ -52,8 +53,10 @@ from dpsim.errors import UsageError
 #: not a pass (0), and found no counterexample to call a failure (1).
 EXIT_NO_VERDICT = 2
 EXIT_INTERRUPTED = 130
-#: Escaped exceptions other than the ones named here keep Python's own
-#: status for an uncaught exception.
+#: Any other exception that escapes is dpsim failing, reported as an error
+#: (not 1, which says a property failed).
+EXIT_INTERNAL = 2
+#: The status of a child that ended before it could say anything else.
 _EXIT_UNCAUGHT = 1
 
 _READ_SIZE = 1 << 16
@@ -217,6 +220,8 @@ def _run(work: Callable[[], int], allowance: Allowance) -> tuple[int, str | None
         allowances.apply(allowance)
         return int(work()), None
     except UsageError as raised:
+        if debugging():
+            traceback.print_exc(file=sys.stderr)
         code, error = 2, str(raised)
     except SystemExit as raised:
         code = EXIT_NO_VERDICT
@@ -234,10 +239,19 @@ def _run(work: Callable[[], int], allowance: Allowance) -> tuple[int, str | None
         print("dpsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED, "interrupted"
     except BaseException as raised:
-        traceback.print_exc(file=sys.stderr)
-        return _EXIT_UNCAUGHT, f"{type(raised).__name__}: {raised}"
+        # dpsim's own failure, not a verdict: one line (the traceback under
+        # --debug), the status of an error.
+        if debugging():
+            traceback.print_exc(file=sys.stderr)
+        code, error = EXIT_INTERNAL, internal_error(raised)
     print(f"dpsim: error: {error}", file=sys.stderr)
     return code, error
+
+
+def internal_error(raised: BaseException) -> str:
+    """One line for an exception that escaped dpsim's own handling: what it
+    is and where it stood, on whose side (:func:`dpsim.boundary.refusal`)."""
+    return str(refusal("the target", raised))
 
 
 def _send(writing: int, data: bytes) -> None:

@@ -1,7 +1,9 @@
 """The ``dpsim`` command: one sub-command per job, each in its own module.
 
 Every user mistake surfaces as a :class:`~dpsim.errors.UsageError`, printed
-here as a single line with exit status 2. A reader that stops reading
+here as a single line with exit status 2 (its traceback too under every
+command's ``--debug``), as does a target dpsim cannot drive
+(:class:`~dpsim.errors.BoundaryError`). A reader that stops reading
 (``dpsim check | head -1``) ends the command quietly with status 141, as a
 process killed by SIGPIPE would, instead of a traceback.
 """
@@ -14,12 +16,13 @@ import os
 import pkgutil
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from dpsim.errors import UsageError
+from dpsim.errors import DEBUG_ENV, UsageError, debugging
 from dpsim.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -75,7 +78,17 @@ def add_command(
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_debug_argument(parser)
     return parser
+
+
+def add_debug_argument(parser: argparse.ArgumentParser) -> None:
+    """``--debug``: an error's traceback beside its one line."""
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="print an error's traceback beside its one-line message",
+    )
 
 
 def command_modules(command: str | None = None) -> list[ModuleType]:
@@ -106,8 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if arguments.command is None:
             parser.print_help()
             return EXIT_USAGE
+        if getattr(arguments, "debug", False):
+            os.environ[DEBUG_ENV] = "1"
         return int(arguments.run(arguments))
     except UsageError as error:
+        if debugging():
+            traceback.print_exception(error, file=sys.stderr)
         # A message may quote a path or a file's content: escaped, it stays
         # one line and cannot drive the terminal.
         print(f"dpsim: error: {printable(error)}", file=sys.stderr)
