@@ -53,6 +53,7 @@ from dpsim.scenarios.generate import (
     scenarios_for,
     seeded_draws_only,
 )
+from dpsim.scenarios.run import preflight
 from dpsim.search.bounded import bounded_shrinking
 from dpsim.search.options import ENGINES
 from dpsim.sim.workers import reset_pool
@@ -300,6 +301,8 @@ def run_check(
             raise UsageError(
                 f"{target.label} has no {name!r} scenario; it runs: {', '.join(available)}"
             )
+    # A release whose code does not fit is refused now, in one line.
+    preflight(target)
     reset_pool()  # see its docstring: pooled workers stay within one search
     runs: list[ScenarioRun] = []
     # The collector's full collections leave the heap the search starts with

@@ -12,7 +12,7 @@ from typing import Any
 
 from dpsim import allowances
 from dpsim.boundary import collect_gaps, fault_of, refusal, refused
-from dpsim.records.case import Case
+from dpsim.records.case import Case, RankBatch
 from dpsim.records.policy import CapturePolicy, CudagraphMode, ManagerConfig
 from dpsim.records.trace import SimResult
 from dpsim.sim import simulate
@@ -189,6 +189,34 @@ def run_case(
         )
     refuse_faults(target.label, result, gaps)
     return result
+
+
+#: The pre-flight's one decode per rank, and the policy it runs under.
+_TRIVIAL_DECODE = RankBatch(
+    num_reqs=1, num_tokens=1, uniform_token_count=1, kind="decode"
+)
+_PREFLIGHT_POLICY = CapturePolicy(capture_sizes=(1, 2, 4, 8))
+
+
+def preflight(target: Target) -> None:
+    """Drive ``target`` once before any case is generated: its manager built
+    for a plain policy and its sync called by two ranks with one decode each.
+
+    A release whose code does not fit what dpsim knows (a constructor, a sync
+    signature, an agreement, a config read) is then refused in one line
+    (:class:`~dpsim.errors.BoundaryError`) before a search starts, rather
+    than at its first case. Only whether dpsim could drive the case counts:
+    its verdict is not looked at (a vLLM bug there is the search's to find).
+    """
+    case = Case("step", "caller", _PREFLIGHT_POLICY, ((_TRIVIAL_DECODE,) * 2,))
+    try:
+        run_case(target, case)
+    except PolicyRefused as error:
+        raise refused(
+            target.label,
+            f"its CudaGraphManager refused the plain policy of dpsim's "
+            f"pre-flight ({error})",
+        ) from error
 
 
 def refuse_faults(label: str, result: SimResult, gaps: list[str]) -> None:

@@ -41,7 +41,7 @@ from dpsim.targets.load import Target
 
 from .case import RunnerCase
 from .generate import engine_options, workloads
-from .run import RunnerResult, run_runner_case
+from .run import RunnerResult, preflight, run_runner_case
 from .stream import EngineOptions
 
 if TYPE_CHECKING:
@@ -209,6 +209,8 @@ def run_runner_check(
     target: Target, options: RunnerCheckOptions, progress: Progress | None = None
 ) -> RunnerCheckReport:
     properties = select_for_runner_lane(options.properties)
+    # A release whose code does not fit is refused now, in one line.
+    preflight(target)
     strategy = runner_cases(
         ranks=options.ranks,
         speculators=options.speculators,

@@ -33,6 +33,7 @@ from dpsim import allowances
 from dpsim.boundary import fault_of
 from dpsim.errors import BoundaryError, TargetError
 from dpsim.records.groups import ENGINE_DP_GROUP
+from dpsim.records.policy import CapturePolicy
 from dpsim.records.sync import RUNNER_EVENT
 from dpsim.records.trace import SimResult
 from dpsim.scenarios.ranks import record
@@ -44,6 +45,7 @@ from dpsim.terminal import printable
 
 from . import heap
 from .case import RunnerCase
+from .stream import EngineOptions, RankStream, RequestScript
 from .strict import ModelGap, collect_gaps
 from .syncs import Phases, recording_sync
 from .where import vllm_stack
@@ -274,6 +276,25 @@ def run_runner_case(
                 target, f"rank {trace.rank} raised {trace.error.fault}", gaps
             )
     return RunnerResult(result, tuple(stood.get(rank, ()) for rank in range(dp_size)))
+
+
+def preflight(target: Target) -> None:
+    """Drive ``target`` once before any case is generated: two ranks' parts
+    built for a plain engine and policy, one serving a short request while
+    the other idles. A release whose code does not fit what the lane knows is
+    then refused in one line (:class:`~dpsim.errors.BoundaryError`) before a
+    search starts; the run's verdict is not looked at."""
+    from .check import fitted
+
+    options = EngineOptions()
+    streams = (
+        RankStream(
+            (RequestScript("preflight", arrival=0, prompt_len=2, output_len=2),)
+        ),
+        RankStream(()),
+    )
+    policy = fitted(CapturePolicy(capture_sizes=(1, 2, 4, 8)), options)
+    run_runner_case(target, RunnerCase(policy, options, streams, runner=target.runner))
 
 
 #: Exceptions that, raised in a rank, mean the lane could not drive vLLM.
