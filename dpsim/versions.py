@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dpsim import cex, processes
 from dpsim.check import CheckOptions, run_check
-from dpsim.errors import UsageError
+from dpsim.errors import UsageError, debugging
 from dpsim.options import RUNNERS
 from dpsim.properties import PROPERTY_NAMES
 from dpsim.report import table
@@ -137,15 +137,13 @@ def check_target(
     try:
         target = load_target(request.vllm, request.target_file, request.runner)
     except Exception as error:  # one bad target must not sink the whole report
-        return [_error_row(request, f"{type(error).__name__}: {error}")]
+        return [_error_row(request, _error_text(error))]
     try:
         report = run_check(target, options)
     except Exception as error:
-        # dpsim failing on one target is that target's error row, with the
-        # reason, not a bare exit status; the traceback goes to stderr.
-        traceback.print_exc()
-        first = (str(error).strip().splitlines() or [""])[0]
-        return [_error_row(request, f"{type(error).__name__}: {first}", target.label)]
+        # dpsim failing on one target (it cannot drive it, or a bug) is that
+        # target's error row, with the reason in one line, never a verdict.
+        return [_error_row(request, _error_text(error), target.label)]
     rows = []
     for run in report.runs:
         finding = run.finding
@@ -234,6 +232,27 @@ def _send_rows(
     sender.send(check_target(request, options, out))
 
 
+def _error_text(error: Exception) -> str:
+    """An error row's reason in one line: a refusal's own message (one that
+    dpsim cannot drive the target, too), else the exception's type and first
+    line; the traceback goes to stderr under --debug."""
+    if debugging():
+        traceback.print_exception(error)
+    if isinstance(error, UsageError):
+        return " ".join(str(error).split())
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first}"
+
+
+def exit_status(rows: Sequence[VersionRow]) -> int:
+    """1 when a property failed on some target, else 2 when some target had no
+    verdict (an error row), else 0."""
+    verdicts = {row.verdict for row in rows}
+    if "fail" in verdicts:
+        return 1
+    return 2 if verdicts - {"pass"} else 0
+
+
 def _error_row(
     request: TargetRequest, message: str, label: str | None = None
 ) -> VersionRow:
@@ -320,7 +339,9 @@ def render_terminal(rows: Sequence[VersionRow]) -> str:
                 row.target,
                 row.runner,
                 row.scenario,
-                row.verdict if row.verdict != "fail" else f"FAIL {row.message}",
+                {"fail": f"FAIL {row.message}", "error": f"error: {row.message}"}.get(
+                    row.verdict, row.verdict
+                ),
             )
             for row in rows
         ],

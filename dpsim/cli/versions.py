@@ -24,6 +24,7 @@ from dpsim.versions import (
     TargetRequest,
     cross_version,
     default_requests,
+    exit_status,
     render_html,
     render_markdown,
     render_terminal,
@@ -137,4 +138,4 @@ def run(arguments: argparse.Namespace) -> int:
     (out / "report.html").write_text(render_html(rows, out))
     print(render_terminal(rows))
     print(f"\nwritten: {out / 'report.md'} and {out / 'report.html'}")
-    return 1 if any(row.verdict != "pass" for row in rows) else 0
+    return exit_status(rows)

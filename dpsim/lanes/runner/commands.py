@@ -63,7 +63,7 @@ from dpsim.report import describe_policy, phase_table
 from dpsim.sim.render import render_table
 from dpsim.targets import TargetSpec, load_spec
 from dpsim.targets.load import Target
-from dpsim.targets.spec import ReleaseSpec
+from dpsim.targets.spec import V1_REMOVED, ReleaseSpec
 from dpsim.terminal import printable
 
 #: Sync-lane options that mean nothing to the runner lane's check.
@@ -468,10 +468,14 @@ def _check_recorded(recorded: RunnerCaseFile, target: Target) -> None:
 # -- versions -----------------------------------------------------------------------
 
 #: The releases ``versions --lane runner`` checks by default, per model
-#: runner: the first of each minor the lane drives with it.
+#: runner: the first of each minor the lane drives with it (V1's until the
+#: release that removed that runner).
 RUNNER_LANE_RELEASES = {
-    runner: tuple(f"0.{minor}.0" for minor in range(oldest[1], 34))
-    for runner, oldest in (("v2", OLDEST_RUNNER_LANE), ("v1", OLDEST_V1_RUNNER_LANE))
+    runner: tuple(f"0.{minor}.0" for minor in range(oldest[1], last[1]))
+    for runner, oldest, last in (
+        ("v2", OLDEST_RUNNER_LANE, (0, 35)),
+        ("v1", OLDEST_V1_RUNNER_LANE, V1_REMOVED),
+    )
 }
 #: Model runners in the report's order (the lane's default first).
 _LANE_RUNNERS = ("v2", "v1")
@@ -500,12 +504,30 @@ def versions(arguments: argparse.Namespace) -> int:
         # The user's order, each release's runners together.
         order = {name: index for index, name in enumerate(arguments.specs)}
         requests.sort(key=lambda request: order[request[0]])
-    specs: list[TargetSpec | UsageError] = []
+    parsed: list[TargetSpec | UsageError] = []
     for name, runner in requests:
         try:
-            specs.append(parse_target(name, runner=runner))
+            parsed.append(parse_target(name, runner=runner))
         except UsageError as error:  # that runner's row says why
-            specs.append(error)
+            parsed.append(error)
+    if not arguments.runner:
+        # Unasked, a runner a release does not have (0.34.0 has no V1) gets
+        # no row where its other runner has one, as the sync lane's rows go.
+        has_one = {
+            name
+            for (name, _), spec in zip(requests, parsed, strict=True)
+            if not isinstance(spec, UsageError)
+        }
+        kept = [
+            index
+            for index, ((name, _), spec) in enumerate(
+                zip(requests, parsed, strict=True)
+            )
+            if not (isinstance(spec, UsageError) and name in has_one)
+        ]
+        requests = [requests[index] for index in kept]
+        parsed = [parsed[index] for index in kept]
+    specs = parsed
     if arguments.examples is not None and arguments.examples < 1:
         raise UsageError("--examples must be at least 1")
     options = RunnerCheckOptions(
@@ -529,7 +551,7 @@ def _versions(
     out: Path,
 ) -> int:
     rows: list[tuple[str, str, str, str, str]] = []
-    failed = False
+    failed = errors = False
     for (name, runner), spec in zip(requests, specs, strict=True):
         try:
             if isinstance(spec, UsageError):
@@ -539,7 +561,7 @@ def _versions(
             report = run_runner_check(target, replace(options, runner=runner))
         except UsageError as error:
             rows.append((name, runner, "error", printable(error), ""))
-            failed = True
+            errors = True
             continue
         finding = report.finding
         if finding is None:
@@ -574,4 +596,5 @@ def _versions(
     (out / "report.md").write_text(text)
     print(text, end="")
     print(f"written: {out / 'report.md'}")
-    return 1 if failed else 0
+    # A property failed: 1; otherwise a row with no verdict: 2.
+    return 1 if failed else 2 if errors else 0
