@@ -55,9 +55,10 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.reporting import current_reporter
 
 from dpsim import allowances
+from dpsim.boundary import SearchStopped
 from dpsim.collector import frozen_heap
 from dpsim.coverage import suite as coverage_suite
-from dpsim.errors import UsageError
+from dpsim.errors import BoundaryError, UsageError, debugging
 from dpsim.isolation import EXIT_INTERRUPTED, prints_to_stderr, run_in_child
 from dpsim.options import LANE_HELP, RUNNER_HELP
 from dpsim.suite.config import SUITE_TEST, SuiteConfig, SuiteOptions, resolve
@@ -222,6 +223,13 @@ def dpsim_suite() -> SuiteConfig:
 
 #: A suite test's status, in its child, when it skipped.
 _SKIPPED = 3
+#: ... and when dpsim could not drive a case of it (dpsim.boundary).
+_CANNOT_DRIVE = 4
+
+
+class CannotDrive(Exception):
+    """dpsim could not drive the target in one of a test's cases: reported as
+    the test's error (``E``), never as a failure of vLLM's (``F``)."""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -253,10 +261,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         _coverage_results.append(sent["coverage"])
     if sent.get("statistics") is not None:
         pyfuncitem.hypothesis_statistics = sent["statistics"]  # type: ignore[attr-defined]
-    for line in sent.get("reported") or ():
-        current_reporter()(line)
+    if result.code != _CANNOT_DRIVE:  # Hypothesis' reproduce-me note misleads there
+        for line in sent.get("reported") or ():
+            current_reporter()(line)
     if result.code == _SKIPPED:
         pytest.skip(sent["message"])
+    if result.code == _CANNOT_DRIVE:
+        raise CannotDrive(sent["message"])
     if result.code != 0:
         pytest.fail(str(sent["message"]), pytrace=False)
     return True
@@ -281,6 +292,11 @@ def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
         code, message = _SKIPPED, skipped.msg
     except pytest.fail.Exception as failed:
         code, message = 1, failed.msg
+    except (SearchStopped, BoundaryError) as raised:
+        error = raised.error if isinstance(raised, SearchStopped) else raised
+        if debugging():
+            traceback.print_exception(error)
+        code, message = _CANNOT_DRIVE, str(error)
     except Exception:
         code, message = 1, traceback.format_exc()
     reporter = current_reporter()
@@ -292,6 +308,23 @@ def _run_suite_test(test: Callable[[], None], item: pytest.Function) -> int:
     }
     print(json.dumps(sent))
     return code
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A suite test dpsim could not drive (:class:`CannotDrive`) is marked on
+    its report, shown as its one line and counted as an error."""
+    outcome = yield
+    if call.excinfo is not None and call.excinfo.errisinstance(CannotDrive):
+        report = outcome.get_result()
+        report.dpsim_cannot_drive = True
+        report.longrepr = f"dpsim: error: {call.excinfo.value}"
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    if getattr(report, "dpsim_cannot_drive", False):
+        return "error", "E", "ERROR"
+    return None
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

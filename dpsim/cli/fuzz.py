@@ -1,8 +1,8 @@
 """``dpsim fuzz``: run the property suite continuously across N processes.
 
 Exit status: 0 when nothing failed, 1 when a property failed (each
-counterexample is written under --out) or a worker broke, 2 on a usage or
-target error, 130 when Ctrl-C stopped it (after the summary, and the files of
+counterexample is written under --out), 2 on a usage or target error or when a
+worker broke or could not drive the target (no verdict), 130 when Ctrl-C stopped it (after the summary, and the files of
 what was found): a campaign cut short is not a pass. Ctrl-C stops cleanly; a
 second Ctrl-C stops at once.
 """
@@ -147,13 +147,16 @@ def run(arguments: argparse.Namespace) -> int:
             print(covered[0])
     if tally.stopping == "interrupted":
         return EXIT_INTERRUPTED
-    return 1 if tally.failures or tally.errors else 0
+    return 1 if tally.failures else 2 if tally.errors else 0
 
 
 def verdict(tally: Tally) -> str:
-    """``fail`` once anything failed or broke, else ``interrupted`` or ``pass``."""
-    if tally.failures or tally.errors:
+    """``fail`` once a property failed; else ``error`` once a worker broke or
+    could not drive the target (no verdict); else ``interrupted`` or ``pass``."""
+    if tally.failures:
         return "fail"
+    if tally.errors:
+        return "error"
     return "interrupted" if tally.stopping == "interrupted" else "pass"
 
 
@@ -203,7 +206,7 @@ def render(tally: Tally) -> str:
             lines.append(f"replay:  dpsim replay {failure.path}")
     lines.extend(f"error: {error}" for error in tally.errors)
     word = verdict(tally).upper()
-    if word == "FAIL" and tally.stopping == "interrupted":
+    if word in ("FAIL", "ERROR") and tally.stopping == "interrupted":
         word += " (interrupted)"
     lines.append(
         f"result: {word}: {len(tally.failures)} failure(s), "

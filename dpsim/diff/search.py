@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, Phase, find, reject, settings
 from hypothesis.errors import NoSuchExample, Unsatisfiable
 from hypothesis.strategies import SearchStrategy
 
+from dpsim.boundary import searching, stops_the_search
 from dpsim.check import DEFAULT_EXAMPLES, evaluate
 from dpsim.errors import UsageError
 from dpsim.properties import PROPERTIES, Verdict
@@ -45,7 +46,7 @@ from dpsim.scenarios.generate import (
     scenarios_for,
     seeded_draws_only,
 )
-from dpsim.scenarios.run import why_not_runnable
+from dpsim.scenarios.run import preflight, why_not_runnable
 from dpsim.search.bounded import bounded_shrinking
 from dpsim.sim.workers import reset_pool
 from dpsim.targets.load import Target
@@ -233,6 +234,8 @@ def run_diff(
     progress: Progress | None = None,
 ) -> DiffReport:
     chosen = shared_scenarios(base, new, options.scenarios)
+    for side in (base, new):
+        preflight(side)  # a side whose code does not fit: one line, now
     reset_pool()  # as check does: pooled workers stay within one search
     if options.cases_from not in ("base", "new"):
         raise UsageError(
@@ -304,10 +307,10 @@ def _survey(
         return False
 
     try:
-        with seeded_draws_only():
+        with seeded_draws_only(), searching():
             find(
                 strategy,
-                observe,
+                stops_the_search(observe),
                 settings=_settings(options.examples, shrink=False),
                 random=Random(options.seed),
             )
@@ -342,10 +345,10 @@ def _shrunk(
         except _Refused:
             reject()
 
-    with seeded_draws_only(), bounded_shrinking():
+    with seeded_draws_only(), bounded_shrinking(), searching():
         smallest = find(
             strategy,
-            shows,
+            stops_the_search(shows),
             settings=_settings(options.examples, shrink=True),
             random=Random(options.seed),
         )

@@ -26,7 +26,7 @@ from dpsim.fuzz import worker
 from dpsim.lanes.runner.suite import RUNNER_LANE_TEST
 from dpsim.properties import PROPERTY_NAMES, RUNNER_LANE_PROPERTIES
 from dpsim.scenarios.generate import scenarios_for
-from dpsim.suite.config import SuiteOptions, resolve
+from dpsim.suite.config import SuiteConfig, SuiteOptions, resolve
 
 #: Seconds a worker may take, once told to stop, to finish the shrink it is in.
 DEFAULT_GRACE = 60.0
@@ -111,6 +111,9 @@ def run_campaign(
     if options.suite.lane == "runner":
         _refuse_for_runner_lane(options)
     suite = resolve(options.suite)
+    # A release whose code does not fit is refused now, in one line, not by
+    # every worker in turn.
+    preflight_suite(suite)
     probe(open_database(options.database), options.database)
     available = (
         (RUNNER_LANE_TEST,) if suite.lane == "runner" else scenarios_for(suite.target)
@@ -178,6 +181,19 @@ def run_campaign(
         except queues.Empty:
             break
     return tally
+
+
+def preflight_suite(suite: SuiteConfig) -> None:
+    """The lane's pre-flight on the suite's target (see
+    :func:`dpsim.scenarios.run.preflight`)."""
+    if suite.lane == "runner":
+        from dpsim.lanes.runner.run import preflight as runner_preflight
+
+        runner_preflight(suite.target)
+    else:
+        from dpsim.scenarios.run import preflight
+
+        preflight(suite.target)
 
 
 def _refuse_for_runner_lane(options: CampaignOptions) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 from hypothesis.database import ExampleDatabase
 
+from dpsim.boundary import SearchStopped
 from dpsim.collector import frozen_heap
 from dpsim.coverage import suite as coverage_suite
 from dpsim.database import open_database
@@ -155,6 +156,10 @@ def _round(
             test()
     except _Stop:
         return None
+    except SearchStopped as stopped:
+        # dpsim could not drive a case: no verdict, and the next would not either.
+        queue.put((ERROR, plan.index, scenario, str(stopped.error)))
+        return "error"
     except PropertyFailed as failure:
         verdict = failure.verdicts[0]
         queue.put(

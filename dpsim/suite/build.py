@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 
 from dpsim import cex
+from dpsim.boundary import SearchStopped
 from dpsim.coverage import suite as coverage_suite
+from dpsim.errors import BoundaryError
 from dpsim.properties import PROPERTY_NAMES, Verdict, judge
 from dpsim.properties.base import Evidence
 from dpsim.report import render_case_run
@@ -108,7 +110,9 @@ def scenario_test(
     """One scenario's Hypothesis test: a plain ``@given`` function.
 
     ``on_failure`` turns a PropertyFailed into the runner's own failure (pytest
-    shows the message alone); without it the exception propagates.
+    shows the message alone); without it the exception propagates. A case
+    dpsim cannot drive ends the test with
+    :class:`~dpsim.boundary.SearchStopped`, carrying the one-line refusal.
     """
 
     @config
@@ -118,6 +122,10 @@ def scenario_test(
             # The case is drawn in here: see seeded_draws_only.
             with seeded_draws_only():
                 check_drawn_case(suite(), scenario, data, observe)
+        except BoundaryError as error:
+            # dpsim could not drive the case: out of the search at once,
+            # neither shrunk nor saved (dpsim.boundary), an error not a failure.
+            raise SearchStopped(error) from None
         except PropertyFailed as failure:
             if on_failure is None:
                 raise

@@ -15,6 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.control import current_build_context
 
+from dpsim.boundary import SearchStopped
+from dpsim.errors import BoundaryError
 from dpsim.properties import RUNNER_LANE_PROPERTIES, judge
 from dpsim.scenarios.generate import seeded_draws_only
 from dpsim.suite.build import Observer, PropertyFailed
@@ -61,7 +63,12 @@ def runner_lane_test(
                 runner=configured.target.runner,
             )
             case = data.draw(cases, label="case")
-        run = run_runner_case(configured.target, case)
+        try:
+            run = run_runner_case(configured.target, case)
+        except BoundaryError as error:
+            # The lane could not drive the case: out of the search at once,
+            # neither shrunk nor saved (dpsim.boundary), an error not a failure.
+            raise SearchStopped(error) from None
         properties = tuple(RUNNER_LANE_PROPERTIES.values())
         verdicts = tuple(judge(case, run.result, properties))
         if observe is not None:
