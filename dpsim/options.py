@@ -47,7 +47,8 @@ PROFILE_HELP = (
 RUNNER_HELP = (
     "whose DP coordination to check: v1 = the V1 model runner "
     "(coordinate_batch_across_dp in v1/worker/dp_utils.py, called by "
-    "GPUModelRunner._determine_batch_execution_and_padding; vLLM 0.11.1+), "
+    "GPUModelRunner._determine_batch_execution_and_padding; vLLM 0.11.1 to 0.33, "
+    "0.34.0 removed it), "
     "v2 = the V2 model runner (v1/worker/gpu/dp_utils.py; vLLM 0.18+); "
     "default: v2 where the vLLM has V2's sync, else v1"
 )

@@ -83,10 +83,13 @@ def add_command(
 
 
 def add_debug_argument(parser: argparse.ArgumentParser) -> None:
-    """``--debug``: an error's traceback beside its one line."""
+    """``--debug``: an error's traceback beside its one line. Unset, it
+    leaves the namespace alone, so a command's action parsers (``policy
+    show``) can take it too without resetting the command's own."""
     parser.add_argument(
         "--debug",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="print an error's traceback beside its one-line message",
     )
 
@@ -135,6 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE
+    except Exception as error:
+        # dpsim failing where no child isolates the work: no verdict, one
+        # line (the traceback under --debug), never exit 1 ("a property failed").
+        from dpsim.isolation import internal_error
+
+        if debugging():
+            traceback.print_exception(error, file=sys.stderr)
+        print(f"dpsim: error: {printable(internal_error(error))}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def _command_word(argv: Sequence[str]) -> str | None:

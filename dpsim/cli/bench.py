@@ -11,6 +11,7 @@ from dpsim.cli import add_command
 from dpsim.errors import UsageError
 from dpsim.limits import MAX_RANKS
 from dpsim.options import add_runner_argument
+from dpsim.scenarios.run import preflight
 from dpsim.search.options import ENGINES, add_engine_argument
 from dpsim.targets import load_target
 from dpsim.targets.spec import parse_target
@@ -105,11 +106,15 @@ def run(arguments: argparse.Namespace) -> int:
         return _runner_measure(arguments, measures)
     runners: tuple[str, ...] = (arguments.runner,)
     if not arguments.runner:
-        # V2's releases (0.18+) all have V1's sync too; older ones only V1's.
-        default = parse_target(arguments.vllm).runner
-        runners = RUNNERS_BESIDE if default == "v2" else (default,)
+        # V2's releases from 0.18 to 0.33 have V1's sync too; older ones only
+        # V1's, and 0.34.0 on only V2's (it removed the V1 runner).
+        runners = tuple(
+            runner for runner in RUNNERS_BESIDE if _has_runner(arguments.vllm, runner)
+        ) or (parse_target(arguments.vllm).runner,)
     # Every runner refused before any is measured: a bad one costs nothing.
     targets = [load_target(arguments.vllm, runner=runner) for runner in runners]
+    for target in targets:
+        preflight(target)  # a release whose code does not fit: one line, now
     results: list[dict[str, Any]] = []
     if "sim" in measures:
         for ranks in arguments.ranks or (8, 64, 256):
@@ -138,6 +143,14 @@ def run(arguments: argparse.Namespace) -> int:
             results.append(bench.bench_startup(arguments.vllm, target.runner))
             _emit(results[-1], arguments.json)
     return 0
+
+
+def _has_runner(vllm: str | None, runner: str) -> bool:
+    try:
+        parse_target(vllm, runner=runner)
+    except UsageError:
+        return False
+    return True
 
 
 def _emit(result: dict[str, Any], as_json: bool) -> None:

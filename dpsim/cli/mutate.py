@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpsim.allowances import NO_LIMITS
-from dpsim.cli import check_output_directory
+from dpsim.cli import add_debug_argument, check_output_directory
 from dpsim.cli.check import add_target_arguments
 from dpsim.errors import UsageError
 from dpsim.isolation import run_isolated
@@ -100,6 +100,7 @@ def register(commands: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_debug_argument(parser)
     add_target_arguments(parser)
     parser.add_argument(
         "--file",

@@ -20,7 +20,7 @@ from dpsim import allowances
 from dpsim.capture.policy_files import load_policy
 from dpsim.capture.table import capture_table
 from dpsim.cex.findings import write_counterexamples
-from dpsim.cli import add_command, check_output_directory
+from dpsim.cli import add_command, add_debug_argument, check_output_directory
 from dpsim.cli.check import (
     add_target_arguments,
     render_report,
@@ -76,6 +76,7 @@ def register(commands: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_debug_argument(show)
     show.add_argument("policy", metavar="POLICY", help="a policy file (.json/.toml)")
     show.add_argument("--vllm", metavar="SPEC", help="release, tree or package dir")
     add_runner_argument(show)
@@ -186,6 +187,7 @@ def _add_validate(actions: Any) -> None:
         epilog=VALIDATE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_debug_argument(validate)
     validate.add_argument(
         "policies", nargs="+", metavar="POLICY", help="policy files (.json/.toml)"
     )

@@ -39,6 +39,8 @@ from dpsim.records.case import Case
 from dpsim.records.trace import SimResult
 from dpsim.replay import traces
 from dpsim.replay.worker import RankJob
+from dpsim.scenarios.run import refuse_faults
+from dpsim.targets.spec import DEFAULT_RELEASE
 
 BACKENDS = ("gloo", "nccl")
 DEFAULT_TIMEOUT_S = 10.0
@@ -177,6 +179,8 @@ def run_lane(
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     result = traces.result_from_logs(logs)
+    # A rank that raised from dpsim's side of the boundary: no verdict.
+    refuse_faults(target_file or f"vllm {vllm or DEFAULT_RELEASE}", result, [])
     verdicts = tuple(judge(case, result, select(properties)))
     return LaneRun(
         backend=backend,

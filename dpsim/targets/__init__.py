@@ -9,7 +9,7 @@ the uniform call interface over every version's API.
 A target is one model runner's sync: V2's (``v1/worker/gpu/dp_utils.py``,
 0.18 and later, the default where it exists) or, with ``runner="v1"``, the
 V1 runner's ``coordinate_batch_across_dp`` and its caller method
-(:mod:`dpsim.targets.v1`, 0.11.1 and later, the default before 0.18). Both
+(:mod:`dpsim.targets.v1`, 0.11.1 to 0.33, the default before 0.18). Both
 offer :class:`~dpsim.targets.api.TargetAPI`.
 """
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dpsim import processes
-from dpsim.errors import TargetError
+from dpsim.errors import BoundaryError, TargetError
 from dpsim.properties import Verdict, judge
 from dpsim.records.groups import DEFAULT_GROUP_NAMES, ENGINE_DP_GROUP
 from dpsim.records.trace import SimResult
@@ -204,6 +204,15 @@ def run_runner_lane(
             printable(f"runner lane cannot drive {target.label}: {gaps[0]}{more}")
         )
     result = traces.result_from_logs(logs, GROUP_NAMES)
+    for trace in result.ranks:
+        if trace.error is not None and trace.error.fault is not None:
+            # A rank raised from dpsim's side of the boundary: no verdict.
+            raise BoundaryError(
+                printable(
+                    f"runner lane cannot drive {target.label}: rank {trace.rank} "
+                    f"raised {trace.error.fault}"
+                )
+            )
     loaded = {item.module: item.sha256 for item in target.files}
     return RunnerLaneRun(
         case=case,
