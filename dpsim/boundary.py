@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from dpsim.errors import BoundaryError, TargetError
+from dpsim.errors import DEBUG_ENV, BoundaryError, TargetError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -434,8 +434,8 @@ def refusal(label: str, error: BaseException, doing: str = "") -> BoundaryError:
 def refused(label: str, what: str) -> BoundaryError:
     """The one-line refusal of a run of ``label``, ``what`` saying why."""
     return BoundaryError(
-        f"dpsim cannot drive {label}: {what}; no verdict on it (--debug shows "
-        "the traceback)"
+        f"dpsim cannot drive {label}: {what}; no verdict on it (--debug or "
+        f"{DEBUG_ENV}=1 shows the traceback)"
     )
 
 
