@@ -171,12 +171,13 @@ def test_a_named_v1_runner_keys_its_own_examples_and_v2_keys_stay() -> None:
 def test_the_default_report_has_a_row_per_release_and_runner() -> None:
     requests = default_requests()
     pairs = [(request.vllm, request.runner) for request in requests]
-    assert len(pairs) == len(set(pairs)) == len(V1_RELEASES) + 16
+    assert len(pairs) == len(set(pairs)) == len(V1_RELEASES) + 17
     assert pairs[0] == ("0.11.1", "v1")
-    assert pairs[-2:] == [("0.33.0", "v1"), ("0.33.0", "v2")]
+    # 0.34.0 removed the V1 runner: its row is V2's alone.
+    assert pairs[-3:] == [("0.33.0", "v1"), ("0.33.0", "v2"), ("0.34.0", "v2")]
     assert ("0.17.1", "v2") not in pairs and ("0.18.0", "v2") in pairs
     assert {request.runner for request in default_requests("v1")} == {"v1"}
-    assert len(default_requests("v2")) == 16
+    assert len(default_requests("v2")) == 17
 
 
 def test_a_named_release_runs_each_runner_it_has() -> None:
