@@ -78,7 +78,9 @@ def test_the_v1_runner_is_refused_from_its_removal_on_saying_so(version: str) ->
     with pytest.raises(TargetError) as refused:
         check_release(version, "v1")
     said = str(refused.value)
-    assert said.startswith(f"vllm {version} has no V1 model runner (vLLM 0.34.0 removed")
+    assert said.startswith(
+        f"vllm {version} has no V1 model runner (vLLM 0.34.0 removed"
+    )
     assert "needs vLLM" not in said and "\n" not in said
 
 
