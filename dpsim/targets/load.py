@@ -51,6 +51,12 @@ V1_DISPATCHER_MODULE = "vllm.v1.cudagraph_dispatcher"
 FORWARD_CONTEXT_MODULE = "vllm.forward_context"
 V1_CALLER_MODULE = "vllm.v1.worker.gpu_model_runner"
 UBATCH_UTILS_MODULE = "vllm.v1.worker.ubatch_utils"
+#: What dpsim takes from each module the V2 runner's sync needs.
+_READ_FROM = {
+    DP_UTILS_MODULE: "the sync",
+    CUDAGRAPH_MODULE: "the CudaGraphManager",
+    COMPILATION_MODULE: "CUDAGraphMode",
+}
 # ``__version__ = version = '0.29.0'`` as setuptools-scm writes it, or simpler.
 _VERSION_LINE = re.compile(r"""^(?:__version__|version)\b.*?['"]([^'"]+)['"]""", re.M)
 
@@ -251,12 +257,20 @@ def _load(spec: TargetSpec) -> Target:
 
         return load_v1(spec, package_dir, version)
     loader = _loader(spec, package_dir)
-    for required in (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE):
-        if loader.source_path(required) is None:
+    required = (DP_UTILS_MODULE, CUDAGRAPH_MODULE, COMPILATION_MODULE)
+    missing = [name for name in required if loader.source_path(name) is None]
+    if missing:
+        file = f"{missing[0].replace('.', '/')}.py"
+        if len(missing) < len(required):
+            # Newer, not older: a module dpsim reads has moved or been renamed.
             raise TargetError(
-                f"{spec.base}: no {required.replace('.', '/')}.py there "
-                f"(dpsim needs vLLM {OLDEST_RELEASE} or later)"
+                f"{spec.base}: no {file} there, though the rest of the V2 "
+                "runner's sync is: this code moved it, and dpsim reads "
+                f"{_READ_FROM[missing[0]]} from that file"
             )
+        raise TargetError(
+            f"{spec.base}: no {file} there (dpsim needs vLLM {OLDEST_RELEASE} or later)"
+        )
     dp_utils = loader.module(DP_UTILS_MODULE)
     cudagraph_utils = loader.module(CUDAGRAPH_MODULE)
     compilation = loader.module(COMPILATION_MODULE)
