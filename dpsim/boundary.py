@@ -280,6 +280,12 @@ def fault_of(error: BaseException) -> Fault | None:
         return Fault(
             text, f"vLLM reads it at {vllm_at}; dpsim's stand-in does not have it"
         )
+    if isinstance(error, TypeError) and _names_dpsim_type(str(error)):
+        # Computing with a stand-in (an inert stub for a module dpsim did
+        # not find, say) as with the real value: dpsim handed it over.
+        return Fault(
+            text, f"vLLM used one of dpsim's stand-ins at {vllm_at} as the real thing"
+        )
     return None
 
 
@@ -401,6 +407,48 @@ def _definitions(filename: str) -> dict[str, int]:
 
     visit(tree.body, "")
     return found
+
+
+_QUOTED = re.compile(r"'([^']+)'")
+
+
+def _names_dpsim_type(message: str) -> bool:
+    """Whether a TypeError's message names a type of dpsim's own (one no
+    vLLM file dpsim knows defines too), as CPython's operand and call
+    messages quote them."""
+    quoted = set(_QUOTED.findall(message))
+    if not quoted:
+        return False
+    if any(name.startswith("StandIn[") for name in quoted):
+        return True
+    found = quoted & _dpsim_type_names()
+    if not found:
+        return False
+    vllm_names = {
+        name.rpartition(".")[2]
+        for filename in _FILES
+        for name in _definitions(filename)
+    }
+    return bool(found - vllm_names)
+
+
+def _dpsim_type_names() -> frozenset[str]:
+    """The names of the classes dpsim's loaded modules define (their stubs'
+    metaclass among them)."""
+    return _type_names_of(len(sys.modules))
+
+
+@functools.lru_cache(maxsize=1)
+def _type_names_of(modules: int) -> frozenset[str]:
+    # Worked out again only when modules were loaded since (``modules``).
+    names: set[str] = set()
+    for module_name, module in list(sys.modules.items()):
+        if module_name != "dpsim" and not module_name.startswith("dpsim."):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and _is_dpsims(value):
+                names.add(value.__name__)
+    return frozenset(names)
 
 
 def _is_dpsims(value: Any) -> bool:
