@@ -306,3 +306,93 @@ def test_the_runner_lane_gives_a_refactored_release_the_same_verdicts(
     assert "Traceback" not in err, err
     expected = _unmodified("runner", tmp_path_factory, capsys)
     assert (status, _verdicts(summary)) == expected
+
+
+def _commands(tree: Path, out: Path) -> dict[str, list[str]]:
+    """Every command that drives a target, each on ``tree``, with few cases."""
+    from faults import idle_case_on_033
+
+    policy = out / "policy.toml"
+    policy.write_text('capture_sizes = [1, 2, 4]\ncudagraph_mode = "FULL"\n')
+    vllm = str(tree)
+    return {
+        "replay": ["replay", str(idle_case_on_033(out)), "--vllm", vllm],
+        "diff": ["diff", RELEASE, vllm, "--examples", "5", "--out", str(out / "d")],
+        "fuzz": ["fuzz", "--vllm", vllm, "--for", "30s", "--workers", "1",
+                 "--out", str(out / "f"), "--db", str(out / "db")],
+        "policy": ["policy", "show", str(policy), "--vllm", vllm],
+        "bench": ["bench", "--vllm", vllm, "--measure", "sim", "--ranks", "2",
+                  "--rounds", "2"],
+        "mutate": ["mutate", "--vllm", vllm, "--limit", "1", "--examples", "3",
+                   "--workers", "0"],
+        "targets": ["targets", "--lane", "runner", vllm],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "command", ["replay", "diff", "fuzz", "policy", "bench", "mutate", "targets"]
+)
+def test_every_command_refuses_a_release_it_cannot_drive_in_one_line(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _tree(tmp_path, manager_argument)
+    argv = _commands(tree, tmp_path)[command]
+    capsys.readouterr()
+    status = main(argv)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    lines = [line for line in err.strip().splitlines() if line.startswith("dpsim")]
+    assert "Traceback" not in err and len(lines) == 1, err
+    assert "'graph_pool_size'" in lines[0], err
+
+
+def test_versions_gives_a_release_it_cannot_drive_an_error_row_and_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _tree(tmp_path, manager_argument)
+    out = tmp_path / "report"
+    capsys.readouterr()
+    status = main(["versions", str(tree), "--runner", "v2", "--examples", "3",
+                   "--workers", "1", "--out", str(out)])  # fmt: skip
+    captured = capsys.readouterr()
+    assert status == 2 and "Traceback" not in captured.err, captured.err
+    rows = [line for line in (out / "report.md").read_text().splitlines()
+            if line.startswith("| vllm")]  # fmt: skip
+    assert len(rows) == 1 and "| **error** |" in rows[0], rows
+    assert "'graph_pool_size'" in rows[0]
+
+
+def test_debug_shows_the_traceback_beside_the_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tree = _tree(tmp_path, manager_argument)
+    capsys.readouterr()
+    status = main(["check", "--vllm", str(tree), "--examples", "3", "--debug",
+                   "--out", str(tmp_path / "out")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "Traceback (most recent call last)" in err
+    assert "TypeError: CudaGraphManager.__init__() missing 1" in err
+    assert err.strip().splitlines()[-1].startswith("dpsim: error: dpsim cannot drive")
+
+
+def test_the_pytest_plugin_reports_a_case_it_cannot_drive_as_an_error(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    tree = _tree(tmp_path, manager_argument)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--pyargs", "dpsim.suite", "-p",
+         "no:cacheprovider", "-q", "-k", "test_step", "--dpsim-vllm", str(tree),
+         "--dpsim-examples", "3", "--dpsim-out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert "1 error" in done.stdout and "failed" not in done.stdout, done.stdout
+    assert "ERROR at call of test_step" in done.stdout
+    assert "dpsim: error: dpsim cannot drive" in done.stdout
+    assert "You can reproduce this failure" not in done.stdout
+    # Nothing saved to the example database either: the search stopped.
+    examples = tmp_path / ".hypothesis" / "examples"
+    assert [path for path in examples.rglob("*") if path.is_file()] == []
