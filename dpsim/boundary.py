@@ -289,11 +289,6 @@ def fault_of(error: BaseException) -> Fault | None:
     return None
 
 
-def origin(error: BaseException) -> str:
-    """``"dpsim"`` when :func:`fault_of` finds the error dpsim's, else ``"vllm"``."""
-    return VLLM if fault_of(error) is None else DPSIM
-
-
 def _one_line(error: BaseException) -> str:
     message = " ".join(str(error).split())
     return f"{type(error).__name__}: {message}" if message else type(error).__name__

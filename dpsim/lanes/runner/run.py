@@ -260,9 +260,8 @@ def run_runner_case(
         except Exception as error:
             # Building a rank's parts is dpsim calling vLLM with what it made:
             # whatever raised there, the lane could not drive the release.
-            raise _refusal(target, str(fault_of(error) or _raised(error)), gaps) from (
-                error
-            )
+            said = str(fault_of(error) or _raised(error))
+            raise _refusal(target, said, gaps) from error
     heap.settle()
     if gaps:
         raise _refusal(target, gaps[0], gaps)
