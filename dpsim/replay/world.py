@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 import torch.distributed as real_dist
 
+from dpsim.boundary import modelled
 from dpsim.records.dist import GroupNamespace
 from dpsim.records.groups import DP_CPU_GROUP, DP_DEVICE_GROUP, WORLD_GROUP
 from dpsim.records.trace import Payload, payload_json
@@ -243,6 +244,9 @@ class RecordingDist:
             work = start()
         except Exception as error:
             world.log.write(collective_error=_one_line(error))
+            # The real collective's own error (a timeout where peers never
+            # enter): what vLLM meets in a deployment, judged as vLLM's.
+            modelled(error)
             raise
         if async_op:
             return RealWork(self, work, finish)
@@ -254,6 +258,7 @@ class RecordingDist:
             work.wait()
         except Exception as error:
             self.world.log.write(collective_error=_one_line(error))
+            modelled(error)  # the real collective's own, as above
             raise
         self.world.log.write(exit_async=finish())
 

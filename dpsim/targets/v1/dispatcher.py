@@ -19,6 +19,7 @@ from pathlib import Path
 from types import MethodType, SimpleNamespace
 from typing import Any
 
+from dpsim.boundary import modelled
 from dpsim.records.policy import ManagerConfig
 from dpsim.targets.v1.strict import view_of_paths
 
@@ -259,7 +260,11 @@ def _check_lora_cases(dispatcher: Any, cases: tuple[int, ...] | None) -> None:
         captured = {1 if d.has_lora else 0 for d in descriptors}
         wanted = {1 if case else 0 for case in wanted}
     if captured != wanted:
-        raise ValueError(
-            f"this V1 dispatcher captures LoRA cases {sorted(captured)}, not the "
-            f"policy's {sorted(wanted)}: no LoRA config of this release gives them"
+        # As vLLM's own config refuses such a table: the policy is refused.
+        raise modelled(
+            ValueError(
+                f"this V1 dispatcher captures LoRA cases {sorted(captured)}, not "
+                f"the policy's {sorted(wanted)}: no LoRA config of this release "
+                "gives them"
+            )
         )
