@@ -29,7 +29,8 @@ from dpsim.targets.cache import (
     release_dir,
 )
 
-VERSION = "0.99.0"
+#: A made-up release (before 0.34.0, so it may hold the V1 runner too).
+VERSION = "0.33.99"
 DP_UTILS = "vllm/v1/worker/gpu/dp_utils.py"
 #: The files of the hand-written wheel: dpsim's own placeholders, not vLLM's.
 WHEEL_FILES = {
@@ -263,9 +264,9 @@ def test_refetch_replaces_a_damaged_entry(
 def test_a_refetch_that_fails_leaves_the_entry_as_it_was(
     entry: Path, downloads: Downloads, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    downloads.fail = TargetError("cannot fetch vllm 0.99.0 (offline)")
+    downloads.fail = TargetError("cannot fetch vllm 0.33.99 (offline)")
     err = _refusal(capsys, ["targets", "--refetch", VERSION])
-    assert err == "dpsim: error: cannot fetch vllm 0.99.0 (offline)"
+    assert err == "dpsim: error: cannot fetch vllm 0.33.99 (offline)"
     assert ensure_release(VERSION) == entry / "vllm"
     assert cached_releases() == [VERSION]
 
@@ -448,12 +449,12 @@ def test_an_upgrade_that_cannot_fetch_says_why_and_keeps_the_entry(
     entry: Path, downloads: Downloads
 ) -> None:
     _as_fetched_before_v1(entry)
-    downloads.fail = TargetError("cannot fetch vllm 0.99.0 (offline)")
+    downloads.fail = TargetError("cannot fetch vllm 0.33.99 (offline)")
     with pytest.raises(TargetError) as refused:
         ensure_release(VERSION, runner="v1")
     assert str(refused.value) == (
         f"the cached vllm {VERSION} predates dpsim's V1 runner (it lacks the V1 "
-        "caller's files) and fetching it again failed: cannot fetch vllm 0.99.0 "
+        "caller's files) and fetching it again failed: cannot fetch vllm 0.33.99 "
         "(offline)"
     )
     assert ensure_release(VERSION, runner="v2") == entry / "vllm"

@@ -170,7 +170,7 @@ def check_release(version: str, runner: str | None = None) -> str:
             "before it vLLM padded DP batches with get_dp_padding, which dpsim "
             "does not adapt; refused without fetching it"
         )
-    if runner == "v1" and key[:2] >= V1_REMOVED:
+    if runner == "v1" and lacks_v1_runner(ReleaseSpec(version)):
         raise TargetError(
             f"{v1_removed(f'vllm {version}')}; refused without fetching it"
         )
@@ -203,6 +203,17 @@ def v1_runner_removed(package_dir: Path) -> bool:
         (package_dir / relative).is_file()
         for relative in (V1_CALLER_IN_PACKAGE, V1_DISPATCHER_IN_PACKAGE)
     )
+
+
+def lacks_v1_runner(base: BaseSpec) -> bool:
+    """Whether ``base`` is a release or tree from which the V1 model runner
+    was removed (see :data:`V1_REMOVED`): it has no V1 runner to test at all."""
+    if isinstance(base, ReleaseSpec):
+        return (
+            RELEASE_PATTERN.match(base.version) is not None
+            and _release_key(base.version)[:2] >= V1_REMOVED
+        )
+    return v1_runner_removed(base.package_dir)
 
 
 def parse_base(text: str) -> BaseSpec:

@@ -511,19 +511,12 @@ def versions(arguments: argparse.Namespace) -> int:
         except UsageError as error:  # that runner's row says why
             parsed.append(error)
     if not arguments.runner:
-        # Unasked, a runner a release does not have (0.34.0 has no V1) gets
-        # no row where its other runner has one, as the sync lane's rows go.
-        has_one = {
-            name
-            for (name, _), spec in zip(requests, parsed, strict=True)
-            if not isinstance(spec, UsageError)
-        }
+        # Unasked, a runner the release removed (0.34.0 has no V1) gets no
+        # row, as in the sync lane's report.
         kept = [
             index
-            for index, ((name, _), spec) in enumerate(
-                zip(requests, parsed, strict=True)
-            )
-            if not (isinstance(spec, UsageError) and name in has_one)
+            for index, (name, runner) in enumerate(requests)
+            if not (runner == "v1" and _lacks_v1_runner(name))
         ]
         requests = [requests[index] for index in kept]
         parsed = [parsed[index] for index in kept]
@@ -542,6 +535,15 @@ def versions(arguments: argparse.Namespace) -> int:
         lambda: _versions(requests, specs, options, out),
         allowance=allowances.from_environment(),
     )
+
+
+def _lacks_v1_runner(name: str) -> bool:
+    from dpsim.targets.spec import lacks_v1_runner, parse_base
+
+    try:
+        return lacks_v1_runner(parse_base(name))
+    except UsageError:
+        return False  # its row says what is wrong with the name
 
 
 def _versions(
