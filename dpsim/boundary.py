@@ -358,10 +358,13 @@ def _vllm_definition(callee: str, trace: TracebackType | None) -> str | None:
     message gives it; a class for its generated or inherited ``__init__``),
     as ``file.py:LINE Name``; None when no vLLM file dpsim knows defines it."""
     owner = callee.rpartition(".")[0]
+    # The traceback's own vLLM files first, then the most recently loaded:
+    # with several releases loaded, the one being driven is usually the last
+    # (a name alone cannot tell two releases' classes apart).
     files = dict.fromkeys(
         [
             *(name for name, _, _ in _frames(trace) if _side_of(name) == VLLM),
-            *_FILES,
+            *reversed(tuple(_FILES)),
         ]
     )
     for filename in files:

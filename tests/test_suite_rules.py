@@ -122,6 +122,18 @@ def _is(node: ast.expr | None, value: object) -> bool:
     return isinstance(node, ast.Constant) and node.value is value
 
 
+def _in_memory(node: ast.expr | None, resolver: _Settings) -> bool:
+    """Whether ``node`` is an ``InMemoryExampleDatabase()`` (or a name bound to
+    one): it lives as long as the test, so no run replays another's example."""
+    if isinstance(node, ast.Name):
+        node = resolver.assigned.get(node.id)
+    return (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", getattr(node.func, "attr", None))
+        == "InMemoryExampleDatabase"
+    )
+
+
 def unseeded_finds(source: str) -> list[str]:
     """Each ``find()`` call that is unseeded or may use an example database."""
     tree = ast.parse(source)
@@ -142,7 +154,8 @@ def unseeded_finds(source: str) -> list[str]:
         wrong = []
         if "random" not in given and not _is(set_.get("derandomize"), True):
             wrong.append("unseeded")
-        if not _is(set_.get("database"), None):
+        database = set_.get("database")
+        if not _is(database, None) and not _in_memory(database, resolver):
             wrong.append("with an example database")
         if wrong:
             problems.append(f"line {node.lineno}: find() {' and '.join(wrong)}")
@@ -263,6 +276,11 @@ FIND_HEADER = "from random import Random\nfrom hypothesis import find, settings\
         ("find(s, c, settings=NO_DB, random=Random(1))", []),
         ("find(s, c, settings=settings(NO_DB, max_examples=9), random=Random(1))", []),
         ("find(s, c, settings=config(), random=Random(0))", []),
+        (
+            "find(s, c, settings=settings(database=InMemoryExampleDatabase()),"
+            " random=Random(0))",
+            [],
+        ),
         (
             "find(s, c, settings=config(database=DB), random=Random(0))",
             ["line 4: find() with an example database"],
