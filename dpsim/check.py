@@ -301,9 +301,10 @@ def run_check(
             raise UsageError(
                 f"{target.label} has no {name!r} scenario; it runs: {', '.join(available)}"
             )
-    # A release whose code does not fit is refused now, in one line.
-    preflight(target)
     reset_pool()  # see its docstring: pooled workers stay within one search
+    # A release whose code does not fit is refused now, in one line (on this
+    # search's own pool: a previous search's workers must not run it).
+    preflight(target)
     runs: list[ScenarioRun] = []
     # The collector's full collections leave the heap the search starts with
     # alone (dpsim.collector: about a quarter of a check's CPU otherwise).

@@ -234,9 +234,9 @@ def run_diff(
     progress: Progress | None = None,
 ) -> DiffReport:
     chosen = shared_scenarios(base, new, options.scenarios)
+    reset_pool()  # as check does: pooled workers stay within one search
     for side in (base, new):
         preflight(side)  # a side whose code does not fit: one line, now
-    reset_pool()  # as check does: pooled workers stay within one search
     if options.cases_from not in ("base", "new"):
         raise UsageError(
             f"cases come from the base or the new side, not {options.cases_from!r}"
