@@ -151,7 +151,7 @@ def test_the_docs_show_command_lines() -> None:
     # The extraction must find the tour's, the reference's and the findings'.
     shown = {" ".join(param.values[0]) for param in SHOWN}  # type: ignore[arg-type]
     assert len(SHOWN) > 150
-    assert "dpsim check --vllm 0.33.0 --scenario step" in shown
+    assert "dpsim check --vllm 0.34.0 --scenario step" in shown
     assert "dpsim policy validate docs/policies/vllm-default.toml" in " | ".join(shown)
 
 

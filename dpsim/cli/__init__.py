@@ -38,7 +38,7 @@ typical use:
   dpsim check --vllm 0.29.0 --ranks 2..8 --examples 500
   dpsim check --target my/dp_utils.py --vllm 0.33.0
   dpsim targets 0.29.0 0.33.0         fetch, load and show each API
-  dpsim diff 0.32.0 0.33.0            what a change does, on the same cases
+  dpsim diff 0.33.0 0.34.0            what a change does, on the same cases
 """
 
 

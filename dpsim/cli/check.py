@@ -58,6 +58,7 @@ from dpsim.scenarios import SCENARIOS
 from dpsim.search.options import add_engine_argument
 from dpsim.targets import DEFAULT_RELEASE, TargetSpec, load_spec, parse_target
 from dpsim.targets.load import Target
+from dpsim.targets.spec import DEFAULT_V1_RELEASE
 
 HELP = "run the property suite against a target (the main job)"
 #: The sync lane's DP sizes when --ranks is not given.
@@ -166,7 +167,11 @@ def add_target_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vllm",
         metavar="SPEC",
-        help=f"a release (default {DEFAULT_RELEASE}), source tree or vllm package dir",
+        help=(
+            f"a release (default {DEFAULT_RELEASE}; {DEFAULT_V1_RELEASE}, the "
+            "newest with a V1 runner, for --runner v1), source tree or vllm "
+            "package dir"
+        ),
     )
     parser.add_argument(
         "--target",

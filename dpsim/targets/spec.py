@@ -24,7 +24,10 @@ from dpsim.errors import TargetError, UsageError
 from dpsim.options import RUNNERS  # named once, torch-free, for the suite too
 
 RELEASE_PATTERN = re.compile(r"^\d+\.\d+(\.\d+)?([.-]?(post|rc|dev)\d*)?$")
-DEFAULT_RELEASE = "0.33.0"
+DEFAULT_RELEASE = "0.34.0"
+#: The newest release with the V1 model runner (0.34.0 removed it): what
+#: ``--runner v1`` runs when no ``--vllm`` is given.
+DEFAULT_V1_RELEASE = "0.33.0"
 #: The oldest (major, minor) whose V2-runner DP-sync API dpsim adapts. vLLM
 #: 0.15-0.17 expose only ``get_cudagraph_and_dp_padding`` (no capture manager)
 #: and older releases have no ``gpu/dp_utils.py`` at all; this one boundary
@@ -256,7 +259,8 @@ def parse_target(
     into one spec, the runner resolved (see the module docstring)."""
     if runner is not None:
         check_runner(runner)
-    base = parse_base(vllm or DEFAULT_RELEASE)
+    wants_v1 = runner == "v1" or caller_file is not None
+    base = parse_base(vllm or (DEFAULT_V1_RELEASE if wants_v1 else DEFAULT_RELEASE))
     path = None if target_file is None else _python_file("--target", target_file)
     caller = None if caller_file is None else _python_file("--caller-file", caller_file)
     if caller is not None:
