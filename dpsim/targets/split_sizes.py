@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MethodType, ModuleType, SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 
 from dpsim.errors import TargetError
 
@@ -70,25 +70,35 @@ def takes_split_sizes(manager_parameters: tuple[str, ...]) -> bool:
     return "decode_query_lens" in manager_parameters
 
 
-class _NotBlackwell:
+class _Answering:
+    """A stand-in the resolution asks: anything it was not written to answer
+    is refused, naming the question, never answered as off."""
+
+    OWNER: ClassVar[str]
+
+    def __getattr__(self, name: str) -> Any:
+        raise TargetError(
+            f"vLLM's capture-size resolution asked {self.OWNER}.{name}, "
+            "which dpsim does not model"
+        )
+
+
+class _NotBlackwell(_Answering):
     """``vllm.platforms.current_platform`` as the resolution asks it: the one
     question it asks, answered for the platform dpsim models."""
+
+    OWNER = "current_platform"
 
     @staticmethod
     def is_device_capability_family(family: int) -> bool:
         return False
 
-    def __getattr__(self, name: str) -> Any:
-        raise TargetError(
-            f"vLLM's capture-size resolution asked current_platform.{name}, "
-            "which dpsim does not model"
-        )
 
-
-class SpeculativeConfigStandIn:
+class SpeculativeConfigStandIn(_Answering):
     """``speculative_config`` of a deployment with an EAGLE-style drafter:
     what the resolution asks of it, and nothing else."""
 
+    OWNER = "speculative_config"
     method = "eagle"
 
     def __init__(self, num_speculative_tokens: int, adaptive: bool) -> None:
@@ -106,12 +116,6 @@ class SpeculativeConfigStandIn:
     @staticmethod
     def use_gemma4_mtp() -> bool:
         return False
-
-    def __getattr__(self, name: str) -> Any:
-        raise TargetError(
-            f"vLLM's capture-size resolution asked speculative_config.{name}, "
-            "which dpsim does not model"
-        )
 
 
 class _Logger:
