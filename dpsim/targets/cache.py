@@ -226,8 +226,11 @@ def _recorded(entry: Path) -> tuple[str, ...]:
 
 def _extracted(entry: Path, wanted: tuple[str, ...]) -> bool:
     """Whether the fetch that made ``entry`` extracted every path of ``wanted``
-    (recorded in its manifest; a file the release lacks is then simply absent)."""
-    return set(wanted) <= set(_recorded(entry))
+    (recorded in its manifest, itself or under a recorded folder prefix; a
+    file the release lacks is then simply absent)."""
+    recorded = set(_recorded(entry))
+    folders = tuple(prefix for prefix in recorded if prefix.endswith("/"))
+    return all(path in recorded or path.startswith(folders) for path in wanted)
 
 
 def _upgrade(
