@@ -576,7 +576,10 @@ class ModelledScheduler(StrictObject):
             for req_id, count in plan.scheduled.items()
         }
         cached_ids = [live.script.req_id for live in plan.ran]
-        cached = self._types.CachedRequestData(
+        cached = _release_dataclass(
+            self._types.CachedRequestData,
+            # Through 0.33 (0.34 dropped both): no request resumes (no
+            # preemption), and the V2 runner is sent no all_token_ids.
             req_ids=cached_ids,
             resumed_req_ids=set(),
             new_token_ids=[],
@@ -592,7 +595,8 @@ class ModelledScheduler(StrictObject):
             ],
         )
         finished, self._finished = self._finished, set()
-        return self._output(
+        return _release_dataclass(
+            self._types.SchedulerOutput,
             scheduled_new_reqs=[self._new_request_data(live) for live in plan.admitted],
             scheduled_cached_reqs=cached,
             num_scheduled_tokens=plan.scheduled,
@@ -692,24 +696,25 @@ class ModelledScheduler(StrictObject):
             prefill_token_ids=[TOKEN_ID] * live.num_tokens,
         )
 
-    def _output(self, **values: Any) -> Any:
-        """The release's SchedulerOutput from the fields it has.
 
-        A value for a field the release lacks is dropped (that release's
-        scheduler does not compute it either: 0.29 has no ``skip_drafts``);
-        a field it requires that is not here is refused.
-        """
-        cls = self._types.SchedulerOutput
-        kwargs = {}
-        for spec in fields(cls):
-            if spec.name in values:
-                kwargs[spec.name] = values[spec.name]
-            elif spec.default is MISSING and spec.default_factory is MISSING:
-                raise TargetError(
-                    f"runner lane: this release's SchedulerOutput requires "
-                    f"{spec.name}, which the modelled scheduler does not fill"
-                )
-        return cls(**kwargs)
+def _release_dataclass(cls: type, **values: Any) -> Any:
+    """The release's scheduler dataclass ``cls`` (``SchedulerOutput``,
+    ``CachedRequestData``) from the fields it has.
+
+    A value for a field the release lacks is dropped (that release's
+    scheduler does not compute it either: 0.29 has no ``skip_drafts``, 0.34
+    no ``resumed_req_ids``); a field it requires that is not here is refused.
+    """
+    kwargs = {}
+    for spec in fields(cls):
+        if spec.name in values:
+            kwargs[spec.name] = values[spec.name]
+        elif spec.default is MISSING and spec.default_factory is MISSING:
+            raise TargetError(
+                f"runner lane: this release's {cls.__name__} requires "
+                f"{spec.name}, which the modelled scheduler does not fill"
+            )
+    return cls(**kwargs)
 
 
 def _sampling_params(max_tokens: int) -> StrictObject:
