@@ -134,6 +134,7 @@ _ENGINE_CORE = (
         "add_request",
         "abort_requests",
         "step",
+        "_wait_for_output",
         "post_step",
         "step_with_batch_queue",
         "_process_aborts_queue",
@@ -148,6 +149,7 @@ _ENGINE_CORE = (
     frozenset(
         {
             "_process_aborts_queue",  # 0.13+
+            "_wait_for_output",  # 0.34+: step's wait for the executor's future
             "_attach_weight_version",  # 0.26+ (before, step names none of these)
             "capture_iteration_details",
             "_make_iteration_details_stats",
@@ -165,6 +167,7 @@ _ENGINE_CORE_PROC = (
         "is_running",
         "_process_input_queue",
         "_process_engine_step",
+        "_wait_for_output",
         "_notify_idle_state_callbacks",
         "_handle_shutdown",
         "_handle_client_request",
@@ -180,6 +183,10 @@ _ENGINE_CORE_PROC = (
             "_handle_shutdown",
             "_reject_add_in_shutdown",
             "_reject_add_while_paused",  # 0.33+
+            # 0.34+: handles inputs while the step's future is pending, when
+            # the future can be polled (MultiprocExecutor's); UniProcExecutor's
+            # cannot, so it only waits.
+            "_wait_for_output",
         }
     ),
 )
@@ -654,7 +661,11 @@ def build_engine(
         raise ValueError(
             "the coordinator model was made for another release's wave protocol"
         )
-    config_fields: dict[str, Any] = {}
+    # DP fault tolerance (0.33+) is off, as in a deployment started without
+    # --enable-fault-tolerance: the engine then has no ft_sentinel, and the
+    # loop's FT branches (0.34: _has_global_unfinished_reqs' coordinator_disabled
+    # test) are never taken.
+    config_fields: dict[str, Any] = {"enable_fault_tolerance": False}
     if "cpu_distributed_timeout" in classes.parallel_config.__dict__:
         config_fields["cpu_distributed_timeout_seconds"] = None  # vLLM's default
     parallel_config: Any = instance(classes.parallel_config, **config_fields)
@@ -699,6 +710,10 @@ def build_engine(
         # EngineCoreProc.__init__
         input_queue=InputQueue(mailbox, arrivals),
         output_queue=OutputQueue(rank, coordinator),
+        # 0.34+: inputs taken during a step and handled after it; only a
+        # pollable future (not UniProcExecutor's) defers any.
+        _deferred_inputs=deque(),
+        enable_fault_tolerance=parallel_config.enable_fault_tolerance,
         engine_index=rank,
         engines_running=False,
         shutdown_state=SHUTDOWN_STATE.RUNNING,
