@@ -15,8 +15,9 @@ from dpsim.errors import TargetError, UsageError
 from dpsim.lanes.runner.case import RunnerCase
 from dpsim.lanes.runner.model_runner import (
     AsyncOutput,
-    DraftTokensHandler,
     RequestStates,
+    draft_tokens_handler,
+    runner_kit,
     _RunnerStandIns,
     _RunnerStandInsBefore028,
     _Sampler,
@@ -85,15 +86,42 @@ def test_an_async_output_is_ready_with_each_requests_sampled_tokens() -> None:
     assert output.sampled_token_ids == [[5, 6], [7]]
 
 
-def test_drafts_are_handed_over_once() -> None:
-    def made(req_ids: list[str], drafts: list[list[int]]) -> Any:
-        return (req_ids, drafts)
+def _batch(*req_ids: str) -> Any:
+    return standin(
+        "InputBatch", req_ids=list(req_ids), has_structured_output_reqs=False
+    )
 
-    handler = DraftTokensHandler(made)  # type: ignore[arg-type]
-    assert handler.get_draft_tokens() is None
-    handler.set_draft_tokens(standin("InputBatch", req_ids=["a"]), torch.tensor([[3]]))
-    assert handler.get_draft_tokens() == (["a"], [[3]])
-    assert handler.get_draft_tokens() is None
+
+@pytest.mark.release
+def test_through_033_the_handler_hands_the_last_batchs_draft_widths() -> None:
+    """0.33's real DraftTokensHandler, without structured outputs: -1
+    placeholders of the last sampling step's width, for that step's requests."""
+    handler = draft_tokens_handler(runner_kit(*_sources_and_target("0.33.0")))
+    handler.set_draft_tokens(_batch("a", "b"), torch.tensor([[3, 4], [5, 6]]))
+    handler.set_draft_tokens(_batch("b"), torch.tensor([[7]]))
+    handed = handler.get_draft_tokens()
+    assert (handed.req_ids, handed.draft_token_ids) == (["b"], [[-1]])
+
+
+@pytest.mark.release
+def test_from_034_the_handler_keeps_each_live_requests_latest_drafts() -> None:
+    """0.34's: every live request's latest width, a request not in the last
+    batch included, until the runner removes it (``discard``)."""
+    handler = draft_tokens_handler(runner_kit(*_sources_and_target("0.34.0")))
+    handler.begin_step(
+        standin("SchedulerOutput", pending_structured_output_tokens=False)
+    )
+    handler.set_draft_tokens(_batch("a", "b"), torch.tensor([[3, 4], [5, 6]]))
+    handler.set_draft_tokens(_batch("b"), torch.tensor([[7]]))
+    handed = handler.get_draft_tokens()
+    assert (handed.req_ids, handed.draft_token_ids) == (["a", "b"], [[-1, -1], [-1]])
+    handler.discard("a")
+    assert handler.get_draft_tokens().req_ids == ["b"]
+
+
+def _sources_and_target(version: str) -> tuple[RunnerSources, Any]:
+    sources = RunnerSources.for_release(version)
+    return sources, sources.target
 
 
 def test_a_dummy_run_with_lora_is_a_gap() -> None:

@@ -140,7 +140,7 @@ STOOD_IN: dict[str, str] = {
     "model_state": "attention metadata builders; no layers",
     "sampler": "GPU sampling; one token per request",
     "prompt_logprobs_worker, lora_state, step_timing": "no prompt logprobs, LoRA or timing",
-    "draft_tokens_handler": "async D2H copy of drafts; handed over at once",
+    "draft_tokens_handler.copy_stream, copy_event": "structured outputs' async D2H copy of drafts; not modelled (a gap)",
     "model": "the model forward; EP collectives at the chosen shape (forward.FakeModel)",
     "cudagraph_manager.graphs": "captured graphs; replay issues the EP collectives (forward.FakeGraph)",
     "set_forward_context": "per-thread forward context; per virtual rank (forward.ForwardContexts)",
@@ -215,6 +215,10 @@ class RunnerKit:
     eplb_class: type
     model_runner_output: type
     draft_token_ids: type
+    #: The release's real ``DraftTokensHandler`` (its CPU-side bookkeeping),
+    #: and the attributes its ``__init__`` gives an instance.
+    draft_tokens_handler: type
+    draft_tokens_handler_fields: tuple[str, ...]
     #: The attributes the release's ``GPUModelRunner`` methods assign on self.
     assigned: frozenset[str]
     #: The release's helper modules (lenient loads), by module name.
@@ -309,7 +313,7 @@ def _kit(
         "post_update": _post_update,
         "AsyncOutput": AsyncOutput,
         # Watermarking is off: no sampler is an instance of this class.
-        "GPUWatermarkSampler": _NoWatermarkSampler,
+        "GPUWatermarkSampler": NoWatermarkSampler,
     }
     # Real helpers, where the release defines them; a release whose kept
     # methods read one it lacks meets an unsupplied name (a gap) instead.
@@ -392,8 +396,103 @@ def _kit(
         ),
         model_runner_output=model_runner_output,
         draft_token_ids=_real(outputs, "DraftTokenIds", version),
+        draft_tokens_handler=_draft_tokens_handler_class(
+            path_of[SPEC_UTILS_MODULE],
+            version,
+            _real(outputs, "DraftTokenIds", version),
+        ),
+        draft_tokens_handler_fields=_init_fields(
+            path_of[SPEC_UTILS_MODULE], DRAFT_TOKENS_HANDLER
+        ),
         assigned=_assigned(path, "GPUModelRunner"),
         modules=modules,
+    )
+
+
+DRAFT_TOKENS_HANDLER = "DraftTokensHandler"
+#: Its methods on the DP path: the drafts of each sampling step, handed to
+#: the engine (``take_draft_token_ids``); 0.34 keeps each live request's
+#: latest drafts until it is removed (``begin_step``, ``discard``).
+_DRAFT_TOKENS_HANDLER_METHODS = (
+    "begin_step",
+    "set_draft_tokens",
+    "discard",
+    "get_draft_tokens",
+)
+#: What its ``__init__`` sets, as it sets it on a CPU run. The copy stream
+#: and event serve only structured outputs' drafts (not modelled: no batch
+#: has structured-output requests), so asking them anything is a gap.
+_DRAFT_TOKENS_HANDLER_STATE: dict[str, Callable[[], Any]] = {
+    "device": lambda: "cpu",
+    "copy_stream": lambda: standin("DraftTokensHandler.copy_stream"),
+    "copy_event": lambda: standin("DraftTokensHandler.copy_event"),
+    # Through 0.33: the last step's requests and drafts.
+    "req_ids": list,
+    "draft_tokens_np": lambda: None,
+    "num_draft_tokens": lambda: 0,
+    # 0.34+: each live request's latest drafts (or their width).
+    "_copy_pending": lambda: False,
+    "_draft_tokens_by_req": dict,
+    "_deferred_req_ids": lambda: None,
+}
+
+
+def _draft_tokens_handler_class(
+    path: Path, version: str | None, draft_token_ids: type
+) -> type:
+    """The release's ``DraftTokensHandler`` with its DP-path methods."""
+    have = _methods_of(path, DRAFT_TOKENS_HANDLER)
+    return real_class(
+        path,
+        DRAFT_TOKENS_HANDLER,
+        [name for name in _DRAFT_TOKENS_HANDLER_METHODS if name in have],
+        version=version,
+        # torch only for the structured-output copy, which is a gap here.
+        globals_={"DraftTokenIds": draft_token_ids, "torch": standin("torch")},
+    )
+
+
+def _init_fields(path: Path, class_name: str) -> tuple[str, ...]:
+    """The attributes ``class_name.__init__`` in ``path`` assigns on self."""
+    _, tree = parse_source(path)
+    names: list[str] = []
+    for node in tree.body:
+        if not (isinstance(node, ast.ClassDef) and node.name == class_name):
+            continue
+        for item in node.body:
+            if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                for leaf in ast.walk(item):
+                    if (
+                        isinstance(leaf, ast.Attribute)
+                        and isinstance(leaf.ctx, ast.Store)
+                        and isinstance(leaf.value, ast.Name)
+                        and leaf.value.id == "self"
+                        and leaf.attr not in names
+                    ):
+                        names.append(leaf.attr)
+    return tuple(names)
+
+
+def draft_tokens_handler(kit: RunnerKit) -> Any:
+    """A rank's real ``DraftTokensHandler``, its state as ``__init__`` sets it;
+    a release whose ``__init__`` sets something the lane does not know is
+    refused."""
+    unknown = [
+        name
+        for name in kit.draft_tokens_handler_fields
+        if name not in _DRAFT_TOKENS_HANDLER_STATE
+    ]
+    if unknown:
+        raise TargetError(
+            f"runner lane: vLLM {kit.version or '(this tree)'}'s DraftTokensHandler "
+            f"sets {unknown[0]} in __init__, which the lane does not model"
+        )
+    return instance(
+        kit.draft_tokens_handler,
+        **{
+            name: _DRAFT_TOKENS_HANDLER_STATE[name]()
+            for name in kit.draft_tokens_handler_fields
+        },
     )
 
 
@@ -437,7 +536,7 @@ def _post_update(*args: Any) -> None:
     request's computed tokens on its next step instead."""
 
 
-class _NoWatermarkSampler:
+class NoWatermarkSampler:
     """Nothing is an instance: the lane runs without watermarking."""
 
 
@@ -751,6 +850,7 @@ def build_model_runner(
     max_num_reqs = options.max_num_seqs
     max_num_tokens = options.max_num_batched_tokens
     vllm_config = standin("VllmConfig", parallel_config=parallel_config)
+    model = FakeModel(kit.forward_contexts, VOCAB_SIZE)
     req_states = RequestStates(max_num_reqs, k)
     sampler = _Sampler(max_num_reqs)
     eplb: Any = instance(
@@ -817,14 +917,14 @@ def build_model_runner(
         output_copy_stream=None,
         _draft_workspace_lane=0,
         cudagraph_manager=manager,
-        model=FakeModel(kit.forward_contexts, VOCAB_SIZE),
+        model=model,
         speculator=speculator,
         req_states=req_states,
         input_buffers=kit.InputBuffers(max_num_reqs, max_num_tokens, "cpu"),
         sampler=sampler,
         eplb=eplb,
         block_tables=_block_tables(max_num_reqs, max_num_tokens),
-        model_state=_model_state(),
+        model_state=_model_state(model),
         lora_state=standin("LoraState", add_request=_ignore, remove_request=_ignore),
         prompt_logprobs_worker=standin(
             "PromptLogprobsWorker",
@@ -841,7 +941,7 @@ def build_model_runner(
             drafter_start=_ignore,
             drafter_end=_ignore,
         ),
-        draft_tokens_handler=DraftTokensHandler(kit.draft_token_ids),
+        draft_tokens_handler=draft_tokens_handler(kit),
     )
 
 
@@ -937,11 +1037,14 @@ def _block_tables(max_num_reqs: int, max_num_tokens: int) -> StrictObject:
     )
 
 
-def _model_state() -> StrictObject:
+def _model_state(model: Any) -> StrictObject:
     """The model state (attention metadata builders, model-specific inputs):
-    no layers, so empty metadata and no extra inputs."""
+    no layers, so empty metadata and no extra inputs; the sampled logits
+    are the model's (0.34's ``compute_sample_logits``, as the default
+    ``ModelState`` computes them)."""
     return standin(
         "ModelState",
+        compute_sample_logits=model.compute_logits,
         add_request=_ignore,
         remove_request=_ignore,
         apply_staged_writes=_ignore,
@@ -952,21 +1055,3 @@ def _model_state() -> StrictObject:
         num_new_sampled_tokens_per_step=1,
         supports_mm_inputs=False,
     )
-
-
-class DraftTokensHandler(StrictObject):
-    """Hands the engine the drafts the speculator proposed (``DraftTokenIds``),
-    without the async device-to-host copy."""
-
-    OWNER = "DraftTokensHandler"
-
-    def __init__(self, draft_token_ids: type) -> None:
-        self._cls = draft_token_ids
-        self._pending: Any = None
-
-    def set_draft_tokens(self, input_batch: Any, draft_tokens: torch.Tensor) -> None:
-        self._pending = self._cls(list(input_batch.req_ids), draft_tokens.tolist())
-
-    def get_draft_tokens(self) -> Any:
-        pending, self._pending = self._pending, None
-        return pending
