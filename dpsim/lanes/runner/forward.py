@@ -235,13 +235,19 @@ class FakeGraph(StrictObject):
 
 def full_descriptors(manager: Any) -> list[Any]:
     """Every FULL descriptor a real ``CudaGraphManager``'s table can dispatch
-    to (what capture would have captured), in table order."""
-    return [
-        desc
-        for candidates in manager._candidates.values()
-        for desc in candidates
-        if desc.cg_mode.name == "FULL"
-    ]
+    to (what capture would have captured), in table order: its token-keyed
+    candidates, then (0.34+) its uniform decode graphs, which dispatch
+    looks up by query length and request count instead."""
+    tables = [*manager._candidates.values()]
+    tables += manager.__dict__.get("_decode_descs", {}).values()
+    return list(
+        dict.fromkeys(
+            desc
+            for candidates in tables
+            for desc in candidates
+            if desc.cg_mode.name == "FULL"
+        )
+    )
 
 
 def install_graphs(
