@@ -85,6 +85,7 @@ RUNNER_LANE_MODULES: tuple[str, ...] = (
     "vllm.v1.worker.gpu.dp_utils",
     "vllm.v1.worker.gpu.async_utils",
     "vllm.v1.worker.gpu.spec_decode.*",
+    "vllm.v1.worker.gpu.sample.greedy_argmax",
     "vllm.v1.worker.utils",
     "vllm.v1.core.sched.output",
     "vllm.v1.core.sched.interface",

@@ -97,16 +97,16 @@ from dpsim.lanes.runner.forward import (
     ForwardContexts,
     install_graphs,
 )
-from dpsim.lanes.runner.model_runner import RunnerKit, runner_kit
+from dpsim.lanes.runner.model_runner import NoWatermarkSampler, RunnerKit, runner_kit
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions
-from dpsim.lanes.runner.strict import asked_at, gap, instance, standin
+from dpsim.lanes.runner.strict import StrictObject, asked_at, gap, instance, standin
 from dpsim.lanes.runner.syncs import record_drafter_forward
 from dpsim.records.policy import CapturePolicy
 from dpsim.scenarios.run import tables_for
 from dpsim.targets.load import Target
 from dpsim.targets.manager import _vllm_config as manager_vllm_config
-from dpsim.targets.shim import parse_source
+from dpsim.targets.shim import is_stub, parse_source
 
 #: The speculator kinds the lane drives (``EngineOptions.speculator``).
 KINDS = ("ar", "mtp")
@@ -120,6 +120,9 @@ _BASE_CLASS = "DraftModelSpeculator"
 _ABSTRACT_CLASS = "BaseSpeculator"
 _MTP_CLASS = "MTPSpeculator"
 _GRAPHS_CLASS = "SpeculatorCudaGraphManager"
+#: 0.34+: the greedy draft sampler (its CPU path is ``argmax`` with NaNs
+#: as -inf; the triton path serves CUDA logits only).
+GREEDY_MODULE = "vllm.v1.worker.gpu.sample.greedy_argmax"
 _GRAPHS_DESCRIPTOR = "SpeculatorBatchDescriptor"
 
 
@@ -129,6 +132,12 @@ class _Layout:
 
     package: str
     class_name: str
+    #: Where its ``SpeculatorCudaGraphManager`` lives.
+    graphs_package: str
+    #: 0.34+: the autoregressive speculators' shared base between
+    #: ``DraftModelSpeculator`` and the class (package, class name), which
+    #: holds the decode manager and the multi-step decode.
+    shared: tuple[str, str] | None = None
 
     @property
     def module(self) -> str:
@@ -136,13 +145,32 @@ class _Layout:
 
     @property
     def graphs_module(self) -> str:
-        return f"{self.package}.cudagraph_utils"
+        return f"{self.graphs_package}.cudagraph_utils"
+
+    @property
+    def shared_module(self) -> str | None:
+        return None if self.shared is None else f"{self.shared[0]}.speculator"
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        shared = self.shared_module
+        return (self.module, self.graphs_module, *(() if shared is None else (shared,)))
 
 
-#: Newest first: 0.32 renamed ``autoregressive`` to ``target_dependent_ar``.
+_AUTOREGRESSIVE = f"{_SPEC_DECODE}.autoregressive"
+_TARGET_DEPENDENT = f"{_SPEC_DECODE}.target_dependent_ar"
+#: Newest first: 0.32 renamed ``autoregressive`` to ``target_dependent_ar``;
+#: 0.34 put a new ``autoregressive`` package under it, the shared base of
+#: every autoregressive drafter, with the drafter's graph manager.
 _LAYOUTS = (
-    _Layout(f"{_SPEC_DECODE}.target_dependent_ar", "TargetDependentARSpeculator"),
-    _Layout(f"{_SPEC_DECODE}.autoregressive", "AutoRegressiveSpeculator"),
+    _Layout(
+        _TARGET_DEPENDENT,
+        "TargetDependentARSpeculator",
+        _AUTOREGRESSIVE,
+        shared=(_AUTOREGRESSIVE, "AutoRegressiveSpeculator"),
+    ),
+    _Layout(_TARGET_DEPENDENT, "TargetDependentARSpeculator", _TARGET_DEPENDENT),
+    _Layout(_AUTOREGRESSIVE, "AutoRegressiveSpeculator", _AUTOREGRESSIVE),
 )
 
 #: ``DraftModelSpeculator``'s methods on the paths of ``propose`` and of the
@@ -163,18 +191,34 @@ _BASE_METHODS = (
     "_maybe_predict_acceptance",
     "observe_verification",
     "prepare_watermarking",
+    # 0.34+: the draft prefill's metadata (the target's, when reusable) and
+    # the model runner's per-step call before propose.
+    "_build_drafter_attn_metadata",
+    "prepare_propose",
 )
+#: ``BaseSpeculator``'s concrete methods the model runner calls (0.34+:
+#: no-op defaults the lane's speculators inherit).
+_ABSTRACT_METHODS = ("add_request", "on_requests_finished")
 #: Required of ``DraftModelSpeculator`` in every release the lane drives.
 _BASE_REQUIRED = ("_prepare_eplb_forward", "_copy_request_inputs", "sample_draft")
-#: The autoregressive speculator's methods the lane runs, all required.
+#: The autoregressive speculator's methods the lane runs, all required
+#: (0.34 keeps some in the shared base; 0.34 renamed ``_generate_draft``
+#: ``_decode``, one of which must be there).
 _AR_REQUIRED = (
     "init_cudagraph_manager",
     "propose",
     "_run_model",
     "_prefill",
     "_multi_step_decode",
-    "_generate_draft",
 )
+_AR_OPTIONAL = (
+    "_generate_draft",  # through 0.33
+    # 0.34+: the decode dispatch and its inputs, then one draft step.
+    "_run_multi_step_decode",
+    "_prepare_decode_inputs",
+    "_decode",
+)
+_DRAFT_STEPS = ("_generate_draft", "_decode")
 #: Its lifecycle hooks (MTP overrides them), whichever the release has.
 _HOOKS = (
     "on_prefill_begin",
@@ -278,6 +322,18 @@ def build_speculator(
     vllm_config.parallel_config = target.parallel_config(
         dp_size, rank, policy.microbatching
     )
+    # One object, as in vLLM: the speculator's and its config's.
+    speculative_config = _speculative_config(kind, k)
+    vllm_config.speculative_config = speculative_config
+    if target.split_sizes is not None:
+        # 0.34+: the drafter's managers read the split tables VllmConfig
+        # resolved at start-up, for the target's decode length and with this
+        # drafter's own decode grid (get_draft_decode_cudagraph_request_sizes);
+        # unresolved, they would hold no graph at all.
+        vllm_config.scheduler_config.max_num_batched_tokens = (
+            options.max_num_batched_tokens
+        )
+        target.split_sizes.resolve(vllm_config)
     values = _attributes(
         kind,
         options,
@@ -345,7 +401,7 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
     """The release's speculator classes, rebuilt once per sources object (one
     per run or campaign) and shared by its ranks."""
     layout = _layout(sources)
-    modules = [_BASE_MODULE, layout.module, layout.graphs_module]
+    modules = [_BASE_MODULE, *layout.modules]
     modules += [_MTP_MODULE] if sources.has(_MTP_MODULE) else []
     paths = tuple((module, sources.path(module)) for module in modules)
     version = sources.version
@@ -360,11 +416,17 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
     base_tree = class_node(base_path, _BASE_CLASS, version=version)
     ar_tree = class_node(path_of[layout.module], layout.class_name, version=version)
     _check_derives(base_tree, _ABSTRACT_CLASS, base_path, version)
-    _check_derives(ar_tree, _BASE_CLASS, path_of[layout.module], version)
-    # vLLM's hierarchy as the files write it. BaseSpeculator keeps only its
+    # vLLM's hierarchy as the files write it. BaseSpeculator keeps its
     # literal settings (num_query_per_req, ...: the model runner reads them
-    # through the speculator); its methods are abstract.
-    abstract = real_class(base_path, _ABSTRACT_CLASS, (), version=version, globals_={})
+    # through the speculator) and its concrete no-op hooks; the rest of its
+    # methods are abstract.
+    abstract = real_class(
+        base_path,
+        _ABSTRACT_CLASS,
+        _present(abstract_tree, _ABSTRACT_METHODS, ()),
+        version=version,
+        globals_={},
+    )
     draft_model = real_class(
         base_path,
         _BASE_CLASS,
@@ -379,6 +441,9 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
             "build_attn_metadata": _launcher(
                 "build_attn_metadata", _build_attn_metadata
             ),
+            # Watermarking is off: the runner's sampler is no instance of it.
+            "GPUWatermarkSampler": NoWatermarkSampler,
+            **_greedy_argmax(sources),
         },
         bases=(abstract,),
         decorators=_DECORATORS,
@@ -388,41 +453,81 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
     # 0.29 gave the decode-input kernels a sample_src_positions buffer; each
     # release's launchers get the stand-in of their own parameter list.
     with_src = "sample_src_positions" in _parameters(
-        path_of[layout.module], "prepare_decode_inputs"
+        path_of[layout.module], "update_draft_inputs"
     )
+    ar_globals = {
+        "torch": torch,
+        "CUDAGraphMode": modes,
+        "BatchDescriptor": _borrowed(kit, "BatchDescriptor", version),
+        "set_forward_context": contexts.set_forward_context,
+        "dispatch_cg_and_sync_dp": _route_sync,
+        **_uniform_counts(kit, version),
+        "build_slot_mappings_by_layer": _launcher(
+            "build_slot_mappings_by_layer", _build_slot_mappings_by_layer
+        ),
+        "prepare_prefill_inputs": _launcher(
+            "prepare_prefill_inputs", _prepare_prefill_inputs
+        ),
+        "prepare_decode_inputs": _launcher(
+            "prepare_decode_inputs",
+            _prepare_decode_inputs if with_src else _prepare_decode_inputs_028,
+        ),
+        "update_draft_inputs": _launcher(
+            "update_draft_inputs",
+            _update_draft_inputs if with_src else _update_draft_inputs_028,
+        ),
+        # 0.34: the decode-input kernel, launched from the speculator's own
+        # _prepare_decode_inputs.
+        "_prepare_decode_inputs_kernel": _Kernel(
+            "_prepare_decode_inputs_kernel", _prepare_decode_inputs_kernel
+        ),
+        _GRAPHS_CLASS: graphs,
+    }
+    ar_base = draft_model
+    ar_trees = [abstract_tree, base_tree]
+    required = set(_AR_REQUIRED)
+    defined = _defined(ar_tree)
+    if layout.shared is not None:
+        shared_module, shared_class = layout.shared
+        shared_path = path_of[layout.shared_module or shared_module]
+        shared_tree = class_node(shared_path, shared_class, version=version)
+        _check_derives(shared_tree, _BASE_CLASS, shared_path, version)
+        _check_derives(ar_tree, shared_class, path_of[layout.module], version)
+        ar_base = real_class(
+            shared_path,
+            shared_class,
+            _present(shared_tree, _AR_REQUIRED + _AR_OPTIONAL + _HOOKS, ()),
+            version=version,
+            globals_=ar_globals,
+            bases=(draft_model,),
+            decorators=_DECORATORS,
+        )
+        ar_trees.append(shared_tree)
+        required -= _defined(shared_tree)
+        defined |= _defined(shared_tree)
+    else:
+        _check_derives(ar_tree, _BASE_CLASS, path_of[layout.module], version)
+    if not defined & set(_DRAFT_STEPS):
+        raise TargetError(
+            f"runner lane: vLLM {_shown(version)}'s autoregressive speculator "
+            f"has neither {' nor '.join(_DRAFT_STEPS)}, the draft step the lane runs"
+        )
     autoregressive = real_class(
         path_of[layout.module],
         layout.class_name,
-        _present(ar_tree, _AR_REQUIRED + _HOOKS, _AR_REQUIRED),
+        _present(
+            ar_tree,
+            _AR_REQUIRED + _AR_OPTIONAL + _HOOKS,
+            [name for name in _AR_REQUIRED if name in required],
+        ),
         version=version,
-        globals_={
-            "torch": torch,
-            "CUDAGraphMode": modes,
-            "BatchDescriptor": _borrowed(kit, "BatchDescriptor", version),
-            "set_forward_context": contexts.set_forward_context,
-            "dispatch_cg_and_sync_dp": _route_sync,
-            **_uniform_counts(kit, version),
-            "build_slot_mappings_by_layer": _launcher(
-                "build_slot_mappings_by_layer", _build_slot_mappings_by_layer
-            ),
-            "prepare_prefill_inputs": _launcher(
-                "prepare_prefill_inputs", _prepare_prefill_inputs
-            ),
-            "prepare_decode_inputs": _launcher(
-                "prepare_decode_inputs",
-                _prepare_decode_inputs if with_src else _prepare_decode_inputs_028,
-            ),
-            "update_draft_inputs": _launcher(
-                "update_draft_inputs",
-                _update_draft_inputs if with_src else _update_draft_inputs_028,
-            ),
-            _GRAPHS_CLASS: graphs,
-        },
-        bases=(draft_model,),
+        globals_=ar_globals,
+        bases=(ar_base,),
         decorators=_DECORATORS,
     )
+    ar_trees.append(ar_tree)
     kinds = {"ar": autoregressive}
-    attributes = {"ar": frozenset(_assigned((abstract_tree, base_tree, ar_tree)))}
+    attributes = {"ar": frozenset(_assigned(ar_trees))}
     if _MTP_MODULE in path_of:
         mtp_path = path_of[_MTP_MODULE]
         mtp_tree = class_node(mtp_path, _MTP_CLASS, version=version)
@@ -438,9 +543,7 @@ def speculator_classes(sources: Sources, target: Target) -> SpeculatorClasses:
             bases=(autoregressive,),
             decorators=_DECORATORS,
         )
-        attributes["mtp"] = frozenset(
-            _assigned((abstract_tree, base_tree, ar_tree, mtp_tree))
-        )
+        attributes["mtp"] = frozenset(_assigned((*ar_trees, mtp_tree)))
     return SpeculatorClasses(
         abstract=abstract,
         draft_model=draft_model,
@@ -495,7 +598,7 @@ def _shown(version: str | None) -> str:
 
 def _layout(sources: Sources) -> _Layout:
     for layout in _LAYOUTS:
-        if sources.has(layout.module):
+        if all(sources.has(module) for module in layout.modules):
             return layout
     raise TargetError(
         f"runner lane: vLLM {_shown(sources.version)} has no target-dependent "
@@ -510,13 +613,23 @@ def _present(
 ) -> list[str]:
     """The ``wanted`` methods the class defines, ``required`` always (a
     missing required one is :func:`real_class`'s one-line refusal)."""
-    defined = {
+    defined = _defined(node)
+    needed = set(required)
+    return [name for name in wanted if name in defined or name in needed]
+
+
+def _defined(node: ast.ClassDef) -> set[str]:
+    """The methods (and properties) the class statement defines itself and
+    implements (an ``@abstractmethod`` is a subclass's to implement)."""
+    return {
         part.name
         for part in node.body
         if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef)
+        and not any(
+            ast.unparse(decorator) in ("abstractmethod", "abc.abstractmethod")
+            for decorator in part.decorator_list
+        )
     }
-    needed = set(required)
-    return [name for name in wanted if name in defined or name in needed]
 
 
 def _assigned(
@@ -566,6 +679,23 @@ def _check_derives(
             f"can drive: {path.name}'s {node.name} derives from "
             f"{', '.join(bases) or 'nothing'}, not {base}"
         )
+
+
+def _greedy_argmax(sources: Sources) -> dict[str, Any]:
+    """The release's ``greedy_argmax`` (0.34+; before, ``sample_draft``
+    takes ``logits.argmax`` inline), as a global of the draft sampler."""
+    if not sources.has(GREEDY_MODULE):
+        return {}
+    found = sources.load_module(GREEDY_MODULE, lenient=True).__dict__.get(
+        "greedy_argmax"
+    )
+    if found is None or is_stub(found):
+        raise TargetError(
+            f"runner lane: vLLM {_shown(sources.version)}'s "
+            "v1/worker/gpu/sample/greedy_argmax.py gives no greedy_argmax the "
+            "lane can run"
+        )
+    return {"greedy_argmax": found}
 
 
 def _uniform_counts(kit: RunnerKit, version: str | None) -> dict[str, Any]:
@@ -661,14 +791,17 @@ def _attributes(
     return {
         "vllm_config": vllm_config,
         "device": torch.device("cpu"),
-        "speculative_config": standin(
-            "SpeculativeConfig", method=_METHODS[kind], num_speculative_tokens=k
-        ),
+        "speculative_config": vllm_config.speculative_config,
         "method": _METHODS[kind],
         "num_speculative_steps": k,
         "max_num_reqs": reqs,
         "max_num_tokens": options.max_num_batched_tokens,
         "max_model_len": options.max_model_len,
+        # 0.34+: the length limit draft steps read on the device.
+        "max_model_len_gpu": torch.tensor(options.max_model_len, dtype=torch.int32),
+        # 0.34+: the draft prefill reuses the target's attention metadata
+        # (the class default; only a microbatched target turns it off).
+        "can_reuse_target_attn_metadata": True,
         "draft_max_seq_len": options.max_model_len,
         "hidden_size": HIDDEN_SIZE,
         "vocab_size": VOCAB_SIZE,
@@ -735,6 +868,22 @@ def _attributes(
 _METHODS = {"ar": "eagle", "mtp": "mtp"}
 
 
+def _speculative_config(kind: str, k: int) -> StrictObject:
+    """The deployment's ``SpeculativeConfig`` as the speculator and the
+    capture-size resolution ask it: EAGLE or single-module MTP drafting k
+    tokens, no dynamic speculative decoding (vLLM turns it off under DP),
+    no adaptive verification."""
+    return standin(
+        "SpeculativeConfig",
+        method=_METHODS[kind],
+        num_speculative_tokens=k,
+        enable_adaptive_verification=False,
+        uses_dynamic_speculative_decoding=lambda: False,
+        use_multi_module_mtp=lambda: False,
+        use_gemma4_mtp=lambda: False,
+    )
+
+
 # -- stand-ins for triton launchers and GPU-side helpers ----------------------
 
 
@@ -763,6 +912,39 @@ def _launcher(name: str, implementation: Callable[..., Any]) -> Callable[..., An
             ) from None
 
     return launch
+
+
+class _Kernel:
+    """A triton kernel the real code launches itself (``kernel[grid](...)``):
+    the grid is taken, and the launch is ``implementation``'s, as for
+    :func:`_launcher`."""
+
+    def __init__(self, name: str, implementation: Callable[..., Any]) -> None:
+        self._launch = _launcher(name, implementation)
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return self._launch
+
+
+def _prepare_decode_inputs_kernel(
+    draft_tokens: torch.Tensor,
+    draft_tokens_stride: int,
+    target_seq_lens: torch.Tensor,
+    num_rejected: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    sample_src_positions: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_model_len: int,
+    max_num_reqs: int,
+    *,
+    BLOCK_SIZE: int,
+    ADVANCE_DRAFT_POSITIONS: bool,
+) -> None:
+    """0.34's decode-input kernel (its ``prepare_decode_inputs`` launcher
+    before): as :func:`_prepare_decode_inputs`, it writes only what the
+    stood-in model, attention and probabilistic sampling read."""
 
 
 def _prepare_prefill_inputs(
