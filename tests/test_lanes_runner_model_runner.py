@@ -16,11 +16,11 @@ from dpsim.lanes.runner.case import RunnerCase
 from dpsim.lanes.runner.model_runner import (
     AsyncOutput,
     RequestStates,
-    draft_tokens_handler,
-    runner_kit,
     _RunnerStandIns,
     _RunnerStandInsBefore028,
     _Sampler,
+    draft_tokens_handler,
+    runner_kit,
 )
 from dpsim.lanes.runner.run import _real_sync, run_runner_case
 from dpsim.lanes.runner.sources import RunnerSources

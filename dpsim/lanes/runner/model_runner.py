@@ -19,7 +19,8 @@ attributes those methods read. What it holds:
   ``BatchDescriptor`` and ``DPMetadata.make`` (the forward context's count
   check), ``step_eplb_after`` with the real ``EPLBController`` (EPLB off, so
   its ``step`` returns at once: no collective), the no-op KV and EC
-  connectors;
+  connectors, the ``DraftTokensHandler`` that hands the engine each step's
+  drafts (0.34: every live request's latest, until the request is removed);
 * stood in for (GPU, triton or model work, strict: anything else they are
   asked is a gap): ``prepare_inputs`` (a real ``InputBatch`` shaped as the
   real method shapes it, without its H2D copies and triton kernels; before
@@ -28,7 +29,7 @@ attributes those methods read. What it holds:
   the release's ``sort_batch_req_ids``), the
   request state (:class:`RequestStates`: CPU arrays the bookkeeping methods
   read and write), block tables, model state, sampler, prompt logprobs,
-  LoRA state, step timing, draft-token handler, the model
+  LoRA state, step timing, the model
   (:class:`~dpsim.lanes.runner.forward.FakeModel`), ``post_update``,
   ``build_slot_mappings_by_layer``, ``use_workspace_lane``, ``AsyncOutput``;
 * dropped: ``@torch.inference_mode()``. It switches a thread-local torch
@@ -149,7 +150,8 @@ STOOD_IN: dict[str, str] = {
 }
 #: Attributes the V2 runner does not have, which vLLM probes with getattr:
 #: the worker's execute_dummy_batch reads ``uniform_decode_query_len`` (a V1
-#: runner attribute) with a default of 1.
+#: runner attribute) with a default of 1 (through 0.33; 0.34 passes the
+#: runner's ``decode_query_len``).
 ABSENT = frozenset({"uniform_decode_query_len"})
 #: Features some releases' runners have, all off here: set only where the
 #: release's runner assigns them (so a release without one still lacks it).

@@ -11,17 +11,28 @@ with :func:`~dpsim.lanes.runner.extract.real_class` and gives it per-rank CPU
 buffers; these run for real:
 
 * ``propose``, ``_prefill``, ``_run_model``, ``_multi_step_decode``,
-  ``_generate_draft``, the lifecycle hooks (MTP's among them),
-  ``advance_draft_positions``;
+  ``_generate_draft`` (0.34: ``_run_multi_step_decode``, which dispatches the
+  decode, ``_prepare_decode_inputs`` and ``_decode``, some of them in the
+  shared ``AutoRegressiveSpeculator`` base), the lifecycle hooks (MTP's
+  among them), ``advance_draft_positions``;
 * from ``DraftModelSpeculator``: ``_copy_request_inputs``, ``sample_draft``
-  (greedy, on fake logits), ``_prepare_eplb_forward``,
-  ``_build_uniform_batch_dp_sync`` (0.30+), the draft attention metadata
-  builders around a stood-in ``build_attn_metadata``, ``observe_verification``;
+  (greedy, on fake logits; 0.34 through the release's ``greedy_argmax``),
+  ``_prepare_eplb_forward``, ``_build_uniform_batch_dp_sync`` (0.30+; 0.34
+  also agrees the decode's query bound, 1), the draft attention metadata
+  builders around a stood-in ``build_attn_metadata`` (0.34: the target's
+  metadata reused, ``_build_drafter_attn_metadata``), ``observe_verification``
+  (0.34 from ``prepare_propose``), and ``BaseSpeculator``'s request hooks
+  (0.34, no-ops for these drafters);
 * ``init_cudagraph_manager``, which builds the drafter's prefill and decode
   ``SpeculatorCudaGraphManager`` (the release's class over the release's real
   ``CudaGraphManager``) from the drafter's table of the policy, as the sync
-  lane derives it (:func:`dpsim.scenarios.run.tables_for`); their
-  ``dispatch`` is real, their captured graphs are fakes whose replay forwards;
+  lane derives it (:func:`dpsim.scenarios.run.tables_for`); from 0.34 it
+  reads the split tables the release's own ``VllmConfig`` code resolves
+  (:mod:`dpsim.targets.split_sizes`) on a config holding the drafter's
+  speculative config, so the decode manager gets the drafter's own request
+  grid (``get_draft_decode_cudagraph_request_sizes``: every count up to
+  ``max_num_seqs`` for EAGLE and MTP with k >= 2); their ``dispatch`` is
+  real, their captured graphs are fakes whose replay forwards;
 * ``dispatch_cg_and_sync_dp``: the release's real sync, wrapped by the sync
   recorder (:func:`dpsim.lanes.runner.syncs.recording_sync`), passed in as
   ``sync``. The classes are rebuilt once per release and shared by its
@@ -29,7 +40,8 @@ buffers; these run for real:
   real code passes first (each rank has its own), as the model runner does.
 
 Stood in for: the three triton launchers (``prepare_prefill_inputs``,
-``prepare_decode_inputs``, ``update_draft_inputs``: what CPU code reads
+``prepare_decode_inputs`` (0.34: its kernel, launched by the speculator),
+``update_draft_inputs``: what CPU code reads
 back of their results, in CPU torch, :func:`_prepare_prefill_inputs` and
 siblings), the draft model
 (:class:`~dpsim.lanes.runner.forward.FakeModel`: each forward issues the EP
@@ -57,9 +69,14 @@ vLLM          ``"ar"`` (target-dependent autoregressive,   ``"mtp"``
               ``AutoRegressiveSpeculator``                 ``MTPSpeculator``
 0.32 - 0.33   ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
               ``TargetDependentARSpeculator``              ``MTPSpeculator``
+0.34          ``spec_decode/target_dependent_ar``          ``spec_decode/mtp``
+              ``TargetDependentARSpeculator``, over        ``MTPSpeculator``
+              ``spec_decode/autoregressive``'s
+              ``AutoRegressiveSpeculator`` (with the
+              graph manager)
 ============  ==========================================  ======================
 
-Both kinds run on every release from 0.26.0 to 0.33.0, every cudagraph mode
+Both kinds run on every release from 0.26.0 to 0.34.0, every cudagraph mode
 (0.26-0.29's decode dispatch syncs afresh; from 0.30 it reuses the target's
 agreement, with no collective; 0.26-0.28's decode-input kernels have no
 ``sample_src_positions``, so their stand-ins take those releases' arguments;
@@ -67,7 +84,8 @@ agreement, with no collective; 0.26-0.28's decode-input kernels have no
 ``"ar"`` is the class EAGLE's ``EagleSpeculator`` derives from (it adds only
 weight loading). Dynamic speculative decoding (a per-batch-size k) is not
 modelled: vLLM turns it off under DP, since ranks would pick different k
-(0.33's ``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``). A
+(0.33+'s ``VllmConfig._maybe_disable_dynamic_sd_for_data_parallel``), so
+each table has one decode query length. A
 release or tree without them is refused in one line naming what is missing.
 MTP's ``load_draft_model`` is not run (it loads weights): its
 ``share_mtp_topk_indices`` keeps the class default (False: a drafter without
