@@ -55,6 +55,7 @@ def test_options_round_trip_is_byte_stable() -> None:
         "prefill_schedule_interval",
         "speculator",
         "num_speculative_tokens",
+        "executor",
     ]
 
 
@@ -75,6 +76,8 @@ def test_streams_round_trip_is_byte_stable() -> None:
 
 def test_missing_optional_fields_take_their_defaults() -> None:
     assert EngineOptions.from_json({}) == EngineOptions()
+    # A file written before the executor was an option ran UniProcExecutor's.
+    assert EngineOptions.from_json({}).executor == "uni"
     script = RequestScript.from_json(
         {"req_id": "a", "arrival": 1, "prompt_len": 2, "output_len": 3}
     )
@@ -91,6 +94,10 @@ def test_missing_optional_fields_take_their_defaults() -> None:
         (
             {"async_scheduling": 1},
             "engine options: async_scheduling must be true or false, got 1",
+        ),
+        (
+            {"executor": "ray"},
+            "engine options: executor must be one of uni, mp, got 'ray'",
         ),
         (
             {"speculator": "medusa", "num_speculative_tokens": 2},

@@ -98,6 +98,7 @@ _OLD_FILE = """{
   "options": {
    "async_scheduling": false,
    "dp_sync_interval": 16,
+   "executor": "uni",
    "long_prefill_token_threshold": 0,
    "max_model_len": 256,
    "max_num_batched_tokens": 64,

@@ -242,6 +242,7 @@ def render_case(title: str, case: RunnerCase, run: RunnerResult) -> str:
         f"  runner lane{_runner_note(case.runner)}, {case.dp_size} ranks, "
         f"seed {case.seed}"
         + (", async scheduling" if options.async_scheduling else "")
+        + (f", {options.executor} executor" if options.executor != "uni" else "")
         + speculator,
         f"  engine: max_num_seqs {options.max_num_seqs}, max_num_batched_tokens "
         f"{options.max_num_batched_tokens}, max_model_len {options.max_model_len}, "

@@ -1,7 +1,7 @@
 """vLLM's real DP engine loop on a virtual rank.
 
 Each rank runs the release's own ``DPEngineCoreProc.run_busy_loop``
-(``vllm/v1/engine/core.py``, every release 0.12.0 to 0.33.0), rebuilt by
+(``vllm/v1/engine/core.py``, every release 0.12.0 to 0.34.0), rebuilt by
 :func:`~dpsim.lanes.runner.extract.real_class` from three real classes chained
 as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
 ``super()`` reaches the real parent methods. What runs for real:
@@ -18,10 +18,13 @@ as in vLLM (``EngineCore`` <- ``EngineCoreProc`` <- ``DPEngineCoreProc``), so
   ``_handle_client_request`` (START_DP_WAVE), ``_maybe_publish_request_counts``
   (``publish_dp_lb_stats`` is False), ``_should_throttle_prefills``;
 * ``EngineCoreProc``: ``has_work`` (0.17+), ``is_running`` (0.18+),
-  ``_process_input_queue``, ``_process_engine_step``, ``_handle_shutdown``
+  ``_process_input_queue`` (0.34: the inputs deferred during the last step
+  first), ``_process_engine_step``, ``_handle_shutdown``
   (0.18+), ``_handle_client_request`` (ADD, WAKEUP), its checks whether to
-  reject a request (0.18+: shutting down; 0.33: paused),
-  ``_notify_idle_state_callbacks`` (0.17+);
+  reject a request (0.18+: shutting down; 0.33+: paused),
+  ``_notify_idle_state_callbacks`` (0.17+), ``_wait_for_output`` (0.34+: a
+  step's wait for its model output, which with a pollable future handles
+  ADD, ABORT and WAKEUP inputs meanwhile and defers the others);
 * ``EngineCore``: ``step``, ``step_with_batch_queue`` (async scheduling: a
   batch queue of 2, as ``VllmConfig.max_concurrent_batches`` gives without
   PP), ``post_step``, ``add_request``, ``execute_dummy_batch``,
@@ -45,7 +48,12 @@ Stood in (strict: anything else they are asked is a gap):
 * the executor (:class:`Executor`): vLLM's ``UniProcExecutor`` calls the
   rank's worker synchronously and wraps the result in a completed
   ``Future``; so does this, calling the lane's worker (D's
-  ``build_worker``); ``is_sleeping`` is False;
+  ``build_worker``); ``is_sleeping`` is False. With ``executor="mp"``
+  (``MultiprocExecutor``, a DP deployment's default backend) its futures
+  keep the worker's errors and can be polled: a step lasts until the
+  requests due at the next iteration have arrived (sent then, not at that
+  iteration's input poll), so 0.34's ``_wait_for_output`` adds them mid-step;
+  before 0.34 the engine only asks for the result, as with ``uni``;
 * the input queue (:class:`InputQueue`): a ``queue.Queue`` look-alike over the
   rank's :class:`~dpsim.sim.mailbox.Mailbox`, fed by the coordinator model
   (START_DP_WAVE, shutdown) and by the rank's request stream. Arrival rule: a
@@ -58,12 +66,17 @@ Stood in (strict: anything else they are asked is a gap):
 * the aborts queue is a real, empty ``queue.Queue`` (the lane sends no
   aborts); ``time.sleep`` is a no-op (a rank with requests but nothing
   scheduled, e.g. a KV wait, loops without sleeping; the step budget bounds
-  one that never makes progress); the logger and the watchdog
-  (``get_watch_dog``, 0.33) do nothing; ``log_error_detail`` only lets the
+  one that never makes progress); ``time.monotonic`` (0.34's spin
+  deadline) stands still, the spin it times being one the polled futures
+  never reach; the logger and the watchdog
+  (``get_watch_dog``, 0.33+) do nothing; ``log_error_detail`` only lets the
   error through (vLLM's dumps diagnostics first, then re-raises);
 * ``@fault_tolerant_wrapper`` on ``run_busy_loop`` is dropped: with
-  ``enable_fault_tolerance`` off (vLLM's default, and the lane's) it only
-  re-raises what the loop raises;
+  ``enable_fault_tolerance`` off (vLLM's default, and the lane's: the
+  engine's ``parallel_config`` and its own flag are False, and it has no
+  ``ft_sentinel``) it only re-raises what the loop raises, and the loop's FT
+  branches (0.34: ``_has_global_unfinished_reqs`` never keeps stepping for
+  a disabled coordinator) are not taken;
 * the scheduler is C's :class:`~dpsim.lanes.runner.scheduler.ModelledScheduler`.
 
 Shutdown: from 0.18 vLLM's signal handler sets ``shutdown_state = REQUESTED``
@@ -79,6 +92,7 @@ abort and drain modes do the same.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import logging
@@ -106,7 +120,14 @@ from dpsim.lanes.runner.extract import Origin, class_methods, real_class
 from dpsim.lanes.runner.scheduler import make_request, scheduler_types
 from dpsim.lanes.runner.sources import RunnerSources
 from dpsim.lanes.runner.stream import EngineOptions, RankStream, RequestScript
-from dpsim.lanes.runner.strict import ModelGap, StrictObject, gap, instance, standin
+from dpsim.lanes.runner.strict import (
+    ModelGap,
+    StrictObject,
+    asked_at,
+    gap,
+    instance,
+    standin,
+)
 from dpsim.lanes.runner.where import register_file, vllm_location
 from dpsim.records.groups import ENGINE_DP_GROUP
 from dpsim.records.sync import WORKER_ERROR_EVENT
@@ -114,7 +135,7 @@ from dpsim.scenarios.ranks import record
 from dpsim.sim.mailbox import Mailbox
 from dpsim.sim.world import current_world
 from dpsim.targets import runtime
-from dpsim.targets.shim import TORCH_VIEW
+from dpsim.targets.shim import TORCH_VIEW, parse_source
 
 ENGINE_CORE_MODULE = "vllm.v1.engine.core"
 PARALLEL_CONFIG_MODULE = "vllm.config.parallel"
@@ -134,7 +155,6 @@ _ENGINE_CORE = (
         "add_request",
         "abort_requests",
         "step",
-        "_wait_for_output",
         "post_step",
         "step_with_batch_queue",
         "_process_aborts_queue",
@@ -149,7 +169,6 @@ _ENGINE_CORE = (
     frozenset(
         {
             "_process_aborts_queue",  # 0.13+
-            "_wait_for_output",  # 0.34+: step's wait for the executor's future
             "_attach_weight_version",  # 0.26+ (before, step names none of these)
             "capture_iteration_details",
             "_make_iteration_details_stats",
@@ -250,9 +269,12 @@ LOGGER = standin(
 WATCH_DOG = standin(
     "WatchDog", feed=_do_nothing, disable=lambda: contextlib.nullcontext()
 )
-#: ``time`` as the engine loop uses it: only ``sleep``, which yields the GIL
-#: to transfer threads the lane does not have; anything else (a clock) is a gap.
-TIME = standin("time", sleep=_do_nothing)
+#: ``time`` as the engine loop uses it: ``sleep``, which yields the GIL to
+#: transfer threads the lane does not have, and 0.34's ``monotonic``, read
+#: only for the spin deadline of ``_wait_for_output``, whose spin the lane's
+#: polled futures never reach (:class:`_PolledFuture`): a clock standing
+#: still. Anything else is a gap.
+TIME = standin("time", sleep=_do_nothing, monotonic=lambda: 0.0)
 
 
 def cpu_all_reduce_(
@@ -288,28 +310,65 @@ def _is_async_output(value: Any) -> bool:
     return callable(getattr(type(value), "get_output", None))
 
 
+class _PolledFuture(Future):
+    """``MultiprocExecutor``'s ``FutureWrapper`` as 0.34's engine polls it
+    (``EngineCoreProc._wait_for_output``): the worker's call has run (the
+    lane calls it synchronously); its output counts as ready once no input
+    is pending in the engine's queue (``inputs_pending``: a long step, which
+    the requests due next iteration reach while it runs, beside what peers'
+    waves put there). The other timing, a step done before any input
+    arrives, is ``UniProcExecutor``'s (``executor="uni"``)."""
+
+    def __init__(self, inner: Future, inputs_pending: Callable[[], bool]) -> None:
+        super().__init__()
+        self._inner = inner
+        self._inputs_pending = inputs_pending
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._inner.result(timeout)
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def poll(self) -> bool:
+        return not self._inputs_pending()
+
+    def wait_briefly(self, pending: Any, deadline: float) -> None:
+        # Only a poll that is False with nothing pending reaches it, which
+        # the model above never answers.
+        raise gap(f"FutureWrapper.wait_briefly (no clock to spin on) at {asked_at()}")
+
+
 class Executor(StrictObject):
-    """vLLM's ``UniProcExecutor`` for one rank: calls the worker synchronously.
+    """vLLM's executor for one rank: ``UniProcExecutor`` (``executor="uni"``)
+    or ``MultiprocExecutor`` (``"mp"``), either calling the worker
+    synchronously.
 
     As ``UniProcExecutor.collective_rpc`` does with ``non_block``, a call's
     error goes into the returned future; ``execute_model`` then raises it at
     once (the future is done), ``sample_tokens`` when the engine asks for the
-    result; such a kept error is also recorded in the rank's trace at once (a
-    ``worker_error`` event, judged by no-error), since the engine may enter
-    its next DP sync before it asks and leave its peers waiting.
+    result. ``MultiprocExecutor`` keeps either error in its future until the
+    engine asks, and its futures can be polled (:class:`_PolledFuture`, over
+    ``inputs_pending``). A kept error is also recorded in the rank's trace at
+    once (a ``worker_error`` event, judged by no-error), since the engine may
+    enter its next DP sync before it asks and leave its peers waiting.
     """
 
     OWNER = "Executor"
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(
+        self, worker: Worker, inputs_pending: Callable[[], bool] | None = None
+    ) -> None:
         self.worker = worker
         self.is_sleeping = False
+        self._inputs_pending = inputs_pending
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
+        multiproc = self._inputs_pending is not None
         output = self._call(
-            self.worker.execute_model, scheduler_output, non_block, kept=False
+            self.worker.execute_model, scheduler_output, non_block, kept=multiproc
         )
-        if non_block and output.done():
+        if non_block and not multiproc and output.done():
             output.result()  # surfaces the worker's error in line, as vLLM does
         return output
 
@@ -324,17 +383,22 @@ class Executor(StrictObject):
     def take_draft_token_ids(self) -> Any:
         return self.worker.take_draft_token_ids()
 
-    @staticmethod
     def _call(
-        method: Callable[[Any], Any], argument: Any, non_block: bool, *, kept: bool
+        self,
+        method: Callable[[Any], Any],
+        argument: Any,
+        non_block: bool,
+        *,
+        kept: bool,
     ) -> Any:
         """The worker's answer (``non_block``: in a future, its error too).
         ``kept``: an error stays in the future until the engine asks for it."""
         if not non_block:
             value = method(argument)
             return value.get_output() if _is_async_output(value) else value
+        future: Future[Any]
         try:
-            return _CompletedFuture(method(argument))
+            future = _CompletedFuture(method(argument))
         except Exception as error:
             fault = None if isinstance(error, ModelGap) else fault_of(error)
             if fault is not None:
@@ -347,9 +411,11 @@ class Executor(StrictObject):
                 # trace must say this rank raised (no-error judges it). A
                 # gap is logged already and refuses the run.
                 record(WORKER_ERROR_EVENT, _worker_error(error))
-            failed: Future[Any] = Future()
-            failed.set_exception(error)
-            return failed
+            future = Future()
+            future.set_exception(error)
+        if self._inputs_pending is None:
+            return future
+        return _PolledFuture(future, self._inputs_pending)
 
 
 def _worker_error(error: BaseException) -> dict[str, Any]:
@@ -385,6 +451,12 @@ class Arrivals:
 
     def pending(self) -> bool:
         return bool(self._due)
+
+    def arrive_during_step(self) -> None:
+        """Send the requests due at the next iteration now: a step long
+        enough to outlast the time until then (``MultiprocExecutor``'s
+        steps, which 0.34's engine polls, handling them mid-step)."""
+        self._send_until(self.iteration + 1 + self._skipped)
 
     def fast_forward(self) -> None:
         """Send the next arrival now, and every one due with it."""
@@ -439,6 +511,26 @@ class InputQueue(StrictObject):
 
     def empty(self) -> bool:
         return self._mailbox.empty()
+
+    @property
+    def queue(self) -> _Pending:
+        """``queue.Queue.queue`` as 0.34's ``_wait_for_output`` reads it:
+        only whether anything is pending (each test a look at the mailbox)."""
+        return _Pending(self._mailbox)
+
+
+class _Pending:
+    """The input queue's pending items, as far as the engine asks: whether
+    there are any."""
+
+    def __init__(self, mailbox: Mailbox) -> None:
+        self._mailbox = mailbox
+
+    def __bool__(self) -> bool:
+        return not self._mailbox.empty()
+
+    def __len__(self) -> int:
+        return int(bool(self))
 
 
 class OutputQueue(StrictObject):
@@ -548,6 +640,13 @@ def _engine_classes(
         "EngineShutdownState": SHUTDOWN_STATE,
         "ParallelConfig": parallel_config,
         "PauseState": pause_state,
+        # 0.34+: which inputs _wait_for_output handles during a step, and
+        # how long it spins; the release's own module-level values.
+        **_module_constants(
+            core,
+            ("_INPUTS_HANDLED_DURING_STEP", "_INPUT_SPIN_DURATION_S"),
+            {"EngineCoreRequestType": REQUEST_TYPES},
+        ),
     }
     core_cls = real_class(
         core,
@@ -585,6 +684,26 @@ def _engine_classes(
         wake_marks_running=front_end_wake_marks_running(coordinator, version),
         checks_shutdown=checks_shutdown,
     )
+
+
+def _module_constants(
+    path: Path, names: tuple[str, ...], namespace: dict[str, Any]
+) -> dict[str, Any]:
+    """The values of the file's top-level assignments to ``names`` (those it
+    has), evaluated over ``namespace`` with the file's name and lines."""
+    _, tree = parse_source(path)
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id in names
+        ):
+            expression = ast.Expression(body=node.value)
+            code = compile(expression, str(path), "eval", dont_inherit=True)
+            found[node.targets[0].id] = eval(code, dict(namespace))
+    return found
 
 
 def _methods(
@@ -679,13 +798,21 @@ def build_engine(
         shutdown_timeout=1,
     )
     arrivals = Arrivals(rank, stream.requests if stream else (), coordinator)
+    input_queue = InputQueue(mailbox, arrivals)
     batch_queue_size = 2 if options.async_scheduling else 1
     engine: Any = instance(
         classes.engine,
         _dpsim_arrivals=arrivals,
         vllm_config=vllm_config,
         scheduler=scheduler,
-        model_executor=Executor(worker),
+        model_executor=Executor(
+            worker,
+            inputs_pending=(
+                functools.partial(_inputs_arrived, arrivals, mailbox)
+                if options.executor == "mp"
+                else None
+            ),
+        ),
         # EngineCore.__init__
         log_stats=False,
         _weight_version="default",
@@ -708,7 +835,7 @@ def build_engine(
         aborts_queue=queue.Queue(),
         _idle_state_callbacks=[],
         # EngineCoreProc.__init__
-        input_queue=InputQueue(mailbox, arrivals),
+        input_queue=input_queue,
         output_queue=OutputQueue(rank, coordinator),
         # 0.34+: inputs taken during a step and handled after it; only a
         # pollable future (not UniProcExecutor's) defers any.
@@ -741,6 +868,14 @@ def build_engine(
     shutdown = _request_shutdown if classes.checks_shutdown else _raise_exit
     coordinator.attach(rank, functools.partial(shutdown, engine))
     return engine
+
+
+def _inputs_arrived(arrivals: Arrivals, mailbox: Mailbox) -> bool:
+    """Whether inputs are pending while a ``MultiprocExecutor`` step runs:
+    the step outlasts the time until the next iteration, so the requests due
+    then have arrived, beside whatever peers' waves put in the queue."""
+    arrivals.arrive_during_step()
+    return not mailbox.empty()
 
 
 def _request_shutdown(engine: Any) -> None:

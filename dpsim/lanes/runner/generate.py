@@ -30,11 +30,13 @@ speculator.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import strategies as st
 
 from dpsim.lanes.runner.stream import (
+    EXECUTORS,
     EngineOptions,
     RankStream,
     RequestScript,
@@ -209,4 +211,7 @@ def _workloads(
     streams = draw(
         rank_streams(dp_size, options, max_iterations=max_iterations, runner=runner)
     )
-    return options, streams
+    # Drawn last: the streams do not depend on it, and the draws before it
+    # stay those of the lane before the executor was an option.
+    executor = draw(st.sampled_from(EXECUTORS))
+    return replace(options, executor=executor), streams

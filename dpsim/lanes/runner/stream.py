@@ -43,6 +43,7 @@ from dpsim.limits import (
 )
 
 __all__ = [
+    "EXECUTORS",
     "SPECULATORS",
     "V1_SPECULATORS",
     "EngineOptions",
@@ -62,6 +63,9 @@ V1_SPECULATORS = ("eagle", "mtp")
 #: Every speculator name an engine's options may carry (a case refuses one
 #: its model runner does not have: :func:`speculators_of`).
 _ALL_SPECULATORS = tuple(dict.fromkeys((*SPECULATORS, *V1_SPECULATORS)))
+#: The executor backends an engine may run (``distributed_executor_backend``):
+#: in-process, or worker processes (the default with DP, ``ParallelConfig``).
+EXECUTORS = ("uni", "mp")
 #: vLLM's default ``dp_sync_interval`` (ParallelConfig, 0.30+).
 DEFAULT_DP_SYNC_INTERVAL = 16
 #: Largest model length a case may name; far beyond what a case needs, it
@@ -84,6 +88,11 @@ class EngineOptions:
     ``num_speculative_tokens`` (k) go together: both set or neither.
     ``long_prefill_token_threshold`` (0: off) caps one request's chunk when
     more than one request is eligible, as vLLM's scheduler does.
+    ``executor`` is the engine's executor backend (:data:`EXECUTORS`):
+    ``uni`` (``UniProcExecutor``) or ``mp`` (``MultiprocExecutor``, what a DP
+    deployment gets by default), whose step futures 0.34's engine polls,
+    handling new requests while a step runs (:mod:`.engine` says how it is
+    modelled).
     """
 
     async_scheduling: bool = False
@@ -95,6 +104,7 @@ class EngineOptions:
     prefill_schedule_interval: int = 1
     speculator: str | None = None
     num_speculative_tokens: int = 0
+    executor: str = "uni"
 
     def __post_init__(self) -> None:
         _check(self, OPTION_FIELDS, "engine options")
@@ -136,6 +146,12 @@ def speculators_of(runner: str) -> tuple[str, ...]:
     return V1_SPECULATORS if runner == "v1" else SPECULATORS
 
 
+def _executor(value: Any) -> str | None:
+    if isinstance(value, str) and value in EXECUTORS:
+        return None
+    return f"must be one of {', '.join(EXECUTORS)}, got {shown(value)}"
+
+
 def _speculator(value: Any) -> str | None:
     if value is None or (isinstance(value, str) and value in _ALL_SPECULATORS):
         return None
@@ -155,6 +171,7 @@ OPTION_FIELDS = (
     Field("prefill_schedule_interval", integer(1, MAX_RANK_STEPS)),
     Field("speculator", _speculator),
     Field("num_speculative_tokens", integer(0, MAX_SPECULATIVE_TOKENS)),
+    Field("executor", _executor),
 )
 
 
