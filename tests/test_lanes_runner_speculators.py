@@ -38,16 +38,21 @@ from dpsim.records.trace import Outcome, RankState, SimResult
 from dpsim.scenarios.run import manager_for, tables_for
 from dpsim.sim import simulate
 
-RELEASES = ("0.29.0", "0.33.0")
+RELEASES = ("0.29.0", "0.33.0", "0.34.0")
 #: Where each release keeps its autoregressive speculator.
 AR_FILE = {
     "0.29.0": "v1/worker/gpu/spec_decode/autoregressive/speculator.py",
     "0.33.0": "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+    "0.34.0": "v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
 }
 AR_CLASS = {
     "0.29.0": "AutoRegressiveSpeculator",
     "0.33.0": "TargetDependentARSpeculator",
+    "0.34.0": "TargetDependentARSpeculator",
 }
+#: 0.34's shared base of the autoregressive speculators, which holds the
+#: multi-step decode.
+SHARED_FILE = "v1/worker/gpu/spec_decode/autoregressive/speculator.py"
 #: Planted caller bugs, per release: (old text, new text, k, per-rank loads).
 #: ``idle-skips-decode``: an idle rank's propose returns after the prefill
 #: (vLLM 35294's class: an idle rank not drafting what busy ranks draft).
@@ -62,6 +67,12 @@ PLANTS: dict[str, dict[str, tuple[str, str, int, tuple[int, int]]]] = {
             (2, 0),
         ),
         "0.33.0": (
+            "if num_speculative_tokens <= 1:",
+            "if num_speculative_tokens <= 1 or dummy_run:",
+            3,
+            (2, 0),
+        ),
+        "0.34.0": (
             "if num_speculative_tokens <= 1:",
             "if num_speculative_tokens <= 1 or dummy_run:",
             3,
@@ -83,8 +94,17 @@ PLANTS: dict[str, dict[str, tuple[str, str, int, tuple[int, int]]]] = {
             4,
             (3, 1),
         ),
+        "0.34.0": (
+            "for step in range(1, num_speculative_steps):\n            if not skip",
+            "for step in range(1, min(num_speculative_steps, num_reqs + 1)):\n"
+            "            if not skip",
+            4,
+            (3, 1),
+        ),
     },
 }
+#: A plant's file where it is not the release's AR_FILE.
+PLANT_FILE = {("own-count-loop", "0.34.0"): SHARED_FILE}
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
@@ -300,17 +320,18 @@ def test_behind_the_real_engine_loop_every_step_drafts_alike(
 @pytest.mark.parametrize("version", RELEASES)
 def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) -> None:
     """The real init_cudagraph_manager builds the drafter's prefill and
-    decode tables the sync lane's drafter scenario models."""
+    decode tables the sync lane's drafter scenario models (0.34: the prefill
+    table; its decode table is the drafter's own grid, next test)."""
     sources = _release(version)
     target = sources.target
     policy = _policy(3, mode="FULL_AND_PIECEWISE")
     options = EngineOptions(speculator="ar", num_speculative_tokens=2)
     speculator = build_speculator(sources, options, policy, 0, 2, sync=print)
     tables = tables_for(target, policy, 2)
-    for real, modelled in (
-        (speculator.prefill_cudagraph_manager, tables.drafter_prefill),
-        (speculator.decode_cudagraph_manager, tables.drafter_decode),
-    ):
+    pairs = [(speculator.prefill_cudagraph_manager, tables.drafter_prefill)]
+    if version != "0.34.0":
+        pairs.append((speculator.decode_cudagraph_manager, tables.drafter_decode))
+    for real, modelled in pairs:
         expected = manager_for(target, modelled)
         assert real.cudagraph_mode == expected.cudagraph_mode
         assert real.decode_query_len == expected.decode_query_len
@@ -320,6 +341,34 @@ def test_the_drafters_tables_are_the_ones_the_sync_lane_derives(version: str) ->
                 assert real.dispatch(reqs, tokens, uniform, 0) == expected.dispatch(
                     reqs, tokens, uniform, 0
                 )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize(("kind", "k"), [("ar", 2), ("mtp", 3), ("ar", 1)])
+def test_from_034_the_drafters_decode_graphs_are_its_own_request_grid(
+    kind: str, k: int
+) -> None:
+    """0.34's EAGLE and MTP drafters with k >= 2 capture one-token decode
+    graphs for the request-count grid up to max_num_seqs
+    (``get_draft_decode_cudagraph_request_sizes``), whatever the shared
+    capture sizes; with k = 1 there are no draft decode steps, and none."""
+    sources = _release("0.34.0")
+    policy = _policy(1 + k, mode="FULL_AND_PIECEWISE")
+    options = EngineOptions(speculator=kind, num_speculative_tokens=k)
+    decode = build_speculator(
+        sources, options, policy, 0, 2, sync=print
+    ).decode_cudagraph_manager
+    grid = sources.target.compilation.decode_cudagraph_capture_grid(8)
+    captured = sorted(
+        (desc.num_reqs, desc.num_tokens, desc.uniform_token_count)
+        for desc in decode._capture_descs.get(sources.target.CUDAGraphMode.FULL, [])
+    )
+    assert captured == ([(n, n, 1) for n in grid] if k >= 2 else [])
+    if k >= 2:
+        # 5 is no shared size, yet five drafting requests replay a graph of
+        # exactly five (the shared sizes would pad them to 6).
+        assert 5 in grid and 5 not in SIZES
+        assert decode.dispatch(5, 5, 1, 0).num_tokens == 5
 
 
 @pytest.mark.release
@@ -340,9 +389,15 @@ def test_what_runs_for_real_is_vllms_own_code(version: str) -> None:
     propose = covered["propose"]
     assert len(propose.executed) >= 0.75 * len(propose.executable)
     assert covered["_multi_step_decode"].executed
-    init = covered["init_cudagraph_manager"]
+    # 0.34 builds the decode manager in the shared base's, after the prefill's.
+    inits = [
+        f
+        for f in coverage.functions()
+        if f.name.rsplit(".", 1)[-1] == "init_cudagraph_manager"
+    ]
+    assert len(inits) == (2 if version == "0.34.0" else 1)
     # All but the branch for modes without FULL decodes.
-    assert len(init.executable - init.executed) == 1
+    assert sum(len(init.executable - init.executed) for init in inits) == 1
 
 
 @pytest.mark.release
@@ -389,7 +444,8 @@ def test_a_planted_drafter_bug_hangs(version: str, plant: str, tmp_path: Path) -
     decode forward, 0.29's decode sync) while the other has finished, where
     the unplanted release drafts in step (test_ranks_draft_in_step...)."""
     old, new, k, loads = PLANTS[plant][version]
-    sources = _planted(version, tmp_path, AR_FILE[version], old, new)
+    relative = PLANT_FILE.get((plant, version), AR_FILE[version])
+    sources = _planted(version, tmp_path, relative, old, new)
     result, gaps = _run(sources, "ar", k, loads)
     assert gaps == []
     assert result.outcome in (Outcome.HANG, Outcome.MISMATCH)
@@ -430,7 +486,13 @@ def test_a_new_attribute_read_by_propose_is_a_gap(version: str, tmp_path: Path) 
 def test_a_launcher_called_with_a_new_argument_is_a_gap(
     version: str, tmp_path: Path
 ) -> None:
-    call = "prepare_decode_inputs(\n            self.draft_tokens[:num_reqs, 0],\n"
+    # 0.34 launches the kernel itself, from the speculator's own method.
+    launcher, caller = (
+        ("_prepare_decode_inputs_kernel[(num_reqs + 1,)]", "_prepare_decode_inputs")
+        if version == "0.34.0"
+        else ("prepare_decode_inputs", "propose")
+    )
+    call = launcher + "(\n            self.draft_tokens[:num_reqs, 0],\n"
     sources = _planted(
         version,
         tmp_path,
@@ -439,10 +501,11 @@ def test_a_launcher_called_with_a_new_argument_is_a_gap(
         call.replace("(\n", "(\n            None,\n"),
     )
     _, gaps = _run(sources, "ar", 2, (1, 1))
+    name = launcher.split("[")[0]
     assert gaps and gaps[0].startswith(
-        "prepare_decode_inputs called with arguments its stand-in does not take"
+        f"{name} called with arguments its stand-in does not take"
     )
-    assert "in propose" in gaps[0]
+    assert f"in {caller}" in gaps[0]
 
 
 @pytest.mark.release

@@ -577,11 +577,20 @@ def real_classes(sources: Sources, target: Target | None = None) -> tuple[type, 
     real methods: ``cls.DPSIM_ORIGIN.codes()``), for line coverage; what
     they are given instead of vLLM's is :data:`STOOD_IN`."""
     classes = speculator_classes(sources, target or sources.target)
+    # 0.34+: the shared autoregressive base between DraftModelSpeculator and
+    # the kinds, rebuilt from its own file.
+    shared = [
+        base
+        for base in classes.kinds["ar"].__mro__[1:]
+        if "DPSIM_ORIGIN" in base.__dict__
+        and base not in (classes.draft_model, classes.abstract)
+    ]
     return (
         classes.draft_model,
         *classes.kinds.values(),
         classes.graphs,
         classes.abstract,
+        *shared,
     )
 
 
