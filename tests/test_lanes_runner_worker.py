@@ -1,4 +1,4 @@
-"""The real V2 Worker and GPUModelRunner on two virtual ranks (0.29.0, 0.33.0).
+"""The real V2 Worker and GPUModelRunner on two virtual ranks (0.29.0, 0.33.0, 0.34.0).
 
 A busy rank runs real steps (``Worker.execute_model`` then ``sample_tokens``)
 on hand-built ``SchedulerOutput``s of the release's own class; an idle rank
@@ -31,7 +31,7 @@ from dpsim.records.trace import Outcome, SimResult
 from dpsim.sim import simulate
 
 pytestmark = pytest.mark.release
-RELEASES = ("0.29.0", "0.33.0")
+RELEASES = ("0.29.0", "0.33.0", "0.34.0")
 OPTIONS = EngineOptions(max_num_seqs=8, max_num_batched_tokens=64)
 PIECEWISE = CapturePolicy(
     capture_sizes=(1, 2, 4, 8),
