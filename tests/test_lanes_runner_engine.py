@@ -2,7 +2,7 @@
 stand-ins (executor, input/output queues) and the DP coordinator model.
 
 Fast tests exercise the stand-ins and the coordinator model on their own;
-release tests (0.29.0 and 0.33.0) run the real ``DPEngineCoreProc`` busy loop
+release tests (0.29.0, 0.33.0, 0.34.0) run the real ``DPEngineCoreProc`` busy loop
 with C's modelled scheduler and a tiny fake worker that records its calls and
 makes the model runner's DP all-reduce on ``dp_cpu``.
 """
@@ -269,6 +269,53 @@ def test_executor_answers_like_uniproc_and_refuses_the_rest() -> None:
     assert gaps == ["Executor.check_health read at (no vLLM frame on the stack)"]
 
 
+def test_a_multiproc_executors_futures_keep_errors_and_poll_for_inputs() -> None:
+    """MultiprocExecutor's futures: an execute_model error stays in the
+    future (and in the trace), and a future polls ready only once no input
+    is pending: the long step 0.34's _wait_for_output handles inputs in."""
+    pending = [True]
+    worker = standin(
+        "Worker", execute_model=lambda so: 1 / 0, sample_tokens=lambda g: "sampled"
+    )
+    executor = Executor(worker, inputs_pending=lambda: pending[0])
+    kept: list[Any] = []
+    traced = simulate(
+        lambda rank: kept.append(executor.execute_model("so", non_block=True)),
+        ranks=1,
+    )
+    with pytest.raises(ZeroDivisionError):
+        kept[0].result()
+    assert [event.kind for event in traced.ranks[0].events] == [WORKER_ERROR_EVENT]
+    sampled = executor.sample_tokens(None, non_block=True)
+    assert sampled.done() and sampled.poll() is False
+    pending[0] = False
+    assert sampled.poll() is True and sampled.result() == "sampled"
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        sampled.wait_briefly([], 0.0)
+    assert gaps and gaps[0].startswith("FutureWrapper.wait_briefly")
+    # UniProcExecutor's futures cannot be polled: 0.34's engine only waits.
+    assert not hasattr(Executor(worker).sample_tokens(None, non_block=True), "poll")
+
+
+def test_arrivals_due_next_iteration_can_arrive_during_a_step() -> None:
+    sent: list[str] = []
+    coordinator = standin(
+        "Coordinator",
+        send_request=lambda rank, request: sent.append(request.request_id),
+    )
+    arrivals = Arrivals(
+        0,
+        [RequestScript("a", 0, 4, 1), RequestScript("b", 1, 4, 1)],
+        coordinator,  # type: ignore[arg-type]
+    )
+    arrivals.start_iteration()
+    assert sent == ["a"]
+    arrivals.arrive_during_step()  # iteration 0's step outlasts the time to 1
+    assert sent == ["a", "b"]
+    arrivals.start_iteration()  # nothing is sent twice
+    assert sent == ["a", "b"] and not arrivals.pending()
+
+
 def test_input_queue_polls_refuses_a_timeout_and_fast_forwards() -> None:
     box = Mailbox(0)
     sent: list[tuple[int, str]] = []
@@ -384,6 +431,7 @@ def _run(
     scheduler: Any = None,
     chooser: Any = None,
     workers: list[FakeWorker] | None = None,
+    schedulers: list[Any] | None = None,
 ) -> tuple[SimResult, list[FakeWorker], list[str], Coordinator, list[int]]:
     from dpsim.lanes.runner.scheduler import ModelledScheduler
 
@@ -395,7 +443,9 @@ def _run(
         build_engine(
             sources,
             options,
-            scheduler or ModelledScheduler(stream, options, sources),
+            (schedulers[rank] if schedulers else None)
+            or scheduler
+            or ModelledScheduler(stream, options, sources),
             worker,
             rank,
             ranks,
@@ -436,7 +486,7 @@ ONE_REQUEST = [RankStream((RequestScript("r0", 0, 4, 3),)), RankStream(())]
 @pytest.mark.release
 @pytest.mark.parametrize(
     ("version", "interval", "syncs_at"),
-    [("0.33.0", 2, [1, 2, 4]), ("0.29.0", 2, [32])],
+    [("0.34.0", 2, [1, 2, 4]), ("0.33.0", 2, [1, 2, 4]), ("0.29.0", 2, [32])],
 )
 def test_an_idle_rank_runs_dummy_batches_until_the_wave_ends(
     version: str, interval: int, syncs_at: list[int]
@@ -481,7 +531,7 @@ def test_an_idle_rank_runs_dummy_batches_until_the_wave_ends(
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0", "0.29.0"])
 def test_an_engine_skipping_its_dummy_batch_hangs_its_peer(
     version: str, tmp_path: Path
 ) -> None:
@@ -511,7 +561,9 @@ def test_an_engine_skipping_its_dummy_batch_hangs_its_peer(
 
 
 @pytest.mark.release
-@pytest.mark.parametrize(("version", "late"), [("0.33.0", 9), ("0.29.0", 40)])
+@pytest.mark.parametrize(
+    ("version", "late"), [("0.34.0", 9), ("0.33.0", 9), ("0.29.0", 40)]
+)
 def test_an_arrival_on_an_idle_rank_starts_a_wave_that_wakes_the_other(
     version: str, late: int
 ) -> None:
@@ -552,7 +604,7 @@ def _dp_cpu_count(result: SimResult, rank: int) -> int:
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0", "0.29.0"])
 def test_async_scheduling_runs_the_batch_queue_in_step(version: str) -> None:
     options = EngineOptions(async_scheduling=True, dp_sync_interval=2)
     result, workers, gaps, _, _ = _run(_sources(version), options, ONE_REQUEST)
@@ -614,7 +666,7 @@ def test_a_worker_error_kept_in_a_future_is_traced_and_a_gap_stays_a_gap(
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0", "0.29.0"])
 def test_a_kv_wait_steps_without_a_model_and_runs_dummy_batches(version: str) -> None:
     # A request held for a remote KV transfer: steps schedule 0 tokens (the
     # real loop "sleeps" to let transfers progress, a no-op here) and the
@@ -631,6 +683,92 @@ def test_a_kv_wait_steps_without_a_model_and_runs_dummy_batches(version: str) ->
     held = workers[0].calls
     assert held[:4] == ["execute_model 0", "dummy", "execute_model 0", "dummy"]
     assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1)
+
+
+@pytest.mark.release
+def test_from_034_a_multiproc_step_adds_the_request_that_arrives_meanwhile() -> None:
+    """0.34's _wait_for_output with MultiprocExecutor's futures: the request
+    due at iteration 1 reaches the queue during iteration 0's step and is
+    added then, so iteration 1 schedules it at once; with UniProcExecutor it
+    is added at iteration 1's input poll, to the same effect one poll later.
+    Either way both ranks make the same syncs and the run ends clean."""
+    from dpsim.lanes.runner.scheduler import ModelledScheduler
+
+    class Told(ModelledScheduler):
+        """Says, in order, what the engine told the scheduler."""
+
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.told: list[str] = []
+
+        def add_request(self, request: Any) -> None:
+            self.told.append(f"add {request.request_id}")
+            super().add_request(request)
+
+        def update_from_output(self, *args: Any) -> Any:
+            self.told.append("update")
+            return super().update_from_output(*args)
+
+    streams = [
+        RankStream((RequestScript("a", 0, 4, 3), RequestScript("b", 1, 2, 1))),
+        RankStream(()),
+    ]
+    sources = _sources("0.34.0")
+    calls = {}
+    for executor in ("uni", "mp"):
+        options = EngineOptions(dp_sync_interval=2, executor=executor)
+        told = Told(streams[0], options, sources)
+        result, workers, gaps, _, _ = _run(
+            sources, options, streams, schedulers=[told, None]
+        )
+        assert gaps == [] and result.outcome is Outcome.OK
+        assert _dp_cpu_count(result, 0) == _dp_cpu_count(result, 1)
+        calls[executor] = workers[0].calls
+        # b is added during iteration 0's step (before its output is
+        # applied) only by the polled future.
+        assert told.told[:3] == (
+            ["add a", "add b", "update"]
+            if executor == "mp"
+            else ["add a", "update", "add b"]
+        )
+    # Both requests reach the scheduler before the second step either way:
+    # b's 2-token prefill runs beside a's first decode.
+    assert (
+        calls["mp"][:4]
+        == calls["uni"][:4]
+        == [
+            "execute_model 4",
+            "sample_tokens",
+            "execute_model 3",
+            "sample_tokens",
+        ]
+    )
+
+
+@pytest.mark.release
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0"])
+def test_fault_tolerance_is_off_as_without_the_flag(version: str) -> None:
+    """The engine's DP fault tolerance (0.33+) is off: its flag and its
+    parallel config's are False and it has no ft_sentinel, so a loop asking
+    the sentinel anything would be a gap, never a silent answer."""
+    options = EngineOptions()
+    box = Mailbox(0, "engine input")
+    sources = _sources(version)
+    engine = build_engine(
+        sources,
+        options,
+        standin("Scheduler"),
+        FakeWorker(),
+        0,
+        2,
+        box,
+        coordinator_for(sources, [box, Mailbox(1, "engine input")]),
+    )
+    assert engine.enable_fault_tolerance is False
+    assert engine.vllm_config.parallel_config.enable_fault_tolerance is False
+    with collect_gaps() as gaps, pytest.raises(ModelGap):
+        engine.ft_sentinel  # noqa: B018
+    assert gaps == ["DPEngineCoreProc.ft_sentinel read at (no vLLM frame on the stack)"]
 
 
 @pytest.mark.release
@@ -669,7 +807,7 @@ THREE_RANKS = [
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", ["0.33.0", "0.29.0"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.33.0", "0.29.0"])
 def test_any_interleaving_of_the_real_loop_is_ok_and_replays_byte_for_byte(
     version: str,
 ) -> None:
