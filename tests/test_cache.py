@@ -511,3 +511,17 @@ def test_an_entry_is_fetched_again_once_for_extra_files_keeping_what_it_held(
     cache_module.refetch_release(VERSION)  # a repair keeps the lane's files
     assert (package / "v1/engine/core.py").is_file()
     assert downloads.calls == [VERSION, VERSION, VERSION]
+
+
+def test_a_file_under_a_folder_the_entry_kept_is_not_fetched_again(
+    entry: Path, downloads: Downloads
+) -> None:
+    """A lane naming one more file under a folder prefix every entry keeps
+    (``vllm/v1/worker/gpu/``) already has it: no second download."""
+    assert "vllm/v1/worker/gpu/" in cache_module.WANTED
+    ensure_release(VERSION, extra=("vllm/v1/worker/gpu/sample/greedy_argmax.py",))
+    assert downloads.calls == [VERSION]
+    # A path outside every kept folder is still fetched, once.
+    _with_lane_file(downloads)
+    ensure_release(VERSION, extra=(LANE_FILE,))
+    assert downloads.calls == [VERSION, VERSION]
