@@ -15,7 +15,7 @@ HYPOTHESIS_SPEC ?= hypothesis[redis]==6.170.27
 TEST_RELEASES ?= 0.11.1 0.12.0 0.13.0 0.17.0 0.18.0 0.20.0 0.22.0 0.24.0 0.25.0 0.28.0 0.29.0 0.30.0 0.32.0 0.33.0 0.34.0
 # Fetched with the runner lane's files, in one download each (tests of the
 # lane would otherwise fetch these entries a second time while they run).
-RUNNER_TEST_RELEASES ?= 0.26.0 0.27.0 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0
+RUNNER_TEST_RELEASES ?= 0.26.0 0.27.0 0.28.0 0.29.0 0.30.0 0.31.0 0.32.0 0.33.0 0.34.0
 # The V1 runner lane's test releases (`--lane runner --runner v1`); a runner-lane
 # fetch takes both runners' lane files, so a release in both lists is one download.
 V1_RUNNER_TEST_RELEASES ?= 0.12.0 0.13.0 0.14.0 0.17.0 0.18.0 0.20.0 0.21.0 0.25.0 0.26.0 0.29.0 0.33.0

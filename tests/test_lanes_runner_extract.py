@@ -316,6 +316,7 @@ def test_loops_tick(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     [
         ("0.29.0", "v1/worker/gpu/model_runner.py"),
         ("0.33.0", "v1/worker/gpu/model_runner.py"),
+        ("0.34.0", "v1/worker/gpu/model_runner.py"),
     ],
 )
 def test_real_model_runner_methods_carry_real_lines(

@@ -198,7 +198,13 @@ def _real_case(
 @pytest.mark.release
 @pytest.mark.parametrize(
     ("version", "speculator", "k"),
-    [("0.33.0", None, 0), ("0.29.0", None, 0), ("0.29.0", "ar", 2)],
+    [
+        ("0.34.0", None, 0),
+        ("0.34.0", "mtp", 2),
+        ("0.33.0", None, 0),
+        ("0.29.0", None, 0),
+        ("0.29.0", "ar", 2),
+    ],
 )
 def test_a_real_case_runs_end_to_end(
     release: Callable[[str], Any], version: str, speculator: str | None, k: int
@@ -296,7 +302,7 @@ def test_a_planted_engine_bug_is_a_hang_located_in_vllm(
 
 
 @pytest.mark.release
-@pytest.mark.parametrize("version", ["0.29.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.29.0", "0.33.0", "0.34.0"])
 def test_what_the_lane_finds_on_real_releases_full_graphs_and_a_dummy_drafter(
     release: Callable[[str], Any], version: str
 ) -> None:
@@ -355,11 +361,13 @@ def test_a_gap_while_building_a_rank_refuses_the_run(
 
 
 @pytest.mark.release
-@pytest.mark.parametrize(("version", "crashes"), [("0.30.0", False), ("0.33.0", True)])
+@pytest.mark.parametrize(
+    ("version", "crashes"), [("0.30.0", False), ("0.33.0", True), ("0.34.0", True)]
+)
 def test_what_the_lane_finds_on_real_releases_an_idle_drafter_beside_two_decodes(
     release: Callable[[str], Any], version: str, crashes: bool
 ) -> None:
-    """Finding (examined on the code, not confirmed on GPUs), 0.31 to 0.33:
+    """Finding (examined on the code, not confirmed on GPUs), 0.31 to 0.34:
     PIECEWISE graphs and a drafter; one rank idle while its peer decodes two
     requests uniformly (1 + k tokens each). The idle rank's dummy batch is
     padded to the agreed 2(1 + k) tokens and built as ONE request
