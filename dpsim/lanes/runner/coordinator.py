@@ -5,7 +5,7 @@ process moving ZMQ messages, and the engines see it only through their input
 queues (``START_DP_WAVE``, the requests a front-end sends) and their output
 queues (``start_wave`` / ``wave_complete`` outputs). What this model does,
 and the vLLM lines it follows (``vllm/v1/engine/coordinator.py``,
-``DPCoordinatorProc.process_input_socket``, 0.12.0 to 0.33.0):
+``DPCoordinatorProc.process_input_socket``, 0.12.0 to 0.34.0):
 
 * An engine's output ``start_wave=w`` (engine ``e``): when ``w`` is newer than
   the coordinator's wave, or equal while the engines are not running, the

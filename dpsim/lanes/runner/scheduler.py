@@ -8,7 +8,10 @@ real ``Request`` objects (each with a block hasher), all built from a full
 that is what the lane wants drawn adversarially (Hypothesis draws the
 request streams, :mod:`dpsim.lanes.runner.generate`). So this class is
 written from scratch, following the real scheduler's decisions that shape a
-step (vLLM 0.33.0 ``Scheduler.schedule``; where 0.26-0.32's differ, as
+step (vLLM 0.33.0 ``Scheduler.schedule``, whose decisions 0.34.0's repeats
+for what the model plays: its new paths need options the lane leaves at
+their defaults, ``--max-num-inflight-kv-loads`` unset and cache-aware
+admission, which needs prefix caching, off; where 0.26-0.32's differ, as
 read in their scheduler.py, :class:`SchedulerRules` says how):
 
 * running requests first, in order: ``num_new_tokens = num_tokens_with_spec +
@@ -32,7 +35,7 @@ read in their scheduler.py, :class:`SchedulerRules` says how):
   and the sampled token, else unpadded (0.26-0.28: if the padded tokens pass
   ``max_model_len``, the waiting loop stops instead; before 0.25: never); a
   ``long_prefill_token_threshold`` of at most k then
-  cuts the padding and vLLM's scheduler asserts (0.29-0.33): a gap here,
+  cuts the padding and vLLM's scheduler asserts (0.29-0.34): a gap here,
   and :mod:`~dpsim.lanes.runner.generate` draws no such threshold;
 * KV-transfer waits: a request with ``kv_wait = n`` is admitted into
   WAITING_FOR_REMOTE_KVS at its first chance, held with 0 tokens for that
@@ -44,7 +47,7 @@ read in their scheduler.py, :class:`SchedulerRules` says how):
   decode is running, unless the last releasing step left admissible
   requests waiting (``prefill_capacity_bound``: 0.29-0.30 any waiting
   request, 0.31+ any not held back);
-* ``skip_drafts`` (0.33, ``_drafts_unused``): set when, for every scheduled
+* ``skip_drafts`` (0.33+, ``_drafts_unused``): set when, for every scheduled
   request, the step is a non-final prefill chunk or samples its last output
   token; ``num_spec_tokens_to_schedule`` is k (no dynamic speculative decoding);
 * ``update_from_output``: a sampling step verifies its drafts; how many are
