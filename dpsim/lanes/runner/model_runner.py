@@ -244,15 +244,20 @@ def _assigned(path: Path, class_name: str) -> frozenset[str]:
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in ast.walk(node):
-                if (
-                    isinstance(item, ast.Attribute)
-                    and isinstance(item.ctx, ast.Store)
-                    and isinstance(item.value, ast.Name)
-                    and item.value.id == "self"
-                ):
-                    names.add(item.attr)
+            names.update(_self_stores(node))
     return frozenset(names)
+
+
+def _self_stores(node: ast.AST) -> Iterator[str]:
+    """The attributes assigned on ``self`` anywhere inside ``node``, in order."""
+    for item in ast.walk(node):
+        if (
+            isinstance(item, ast.Attribute)
+            and isinstance(item.ctx, ast.Store)
+            and isinstance(item.value, ast.Name)
+            and item.value.id == "self"
+        ):
+            yield item.attr
 
 
 @functools.lru_cache(maxsize=16)
@@ -463,16 +468,8 @@ def _init_fields(path: Path, class_name: str) -> tuple[str, ...]:
             continue
         for item in node.body:
             if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                for leaf in ast.walk(item):
-                    if (
-                        isinstance(leaf, ast.Attribute)
-                        and isinstance(leaf.ctx, ast.Store)
-                        and isinstance(leaf.value, ast.Name)
-                        and leaf.value.id == "self"
-                        and leaf.attr not in names
-                    ):
-                        names.append(leaf.attr)
-    return tuple(names)
+                names.extend(_self_stores(item))
+    return tuple(dict.fromkeys(names))
 
 
 def draft_tokens_handler(kit: RunnerKit) -> Any:
