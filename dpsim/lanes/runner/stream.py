@@ -158,6 +158,7 @@ def _speculator(value: Any) -> str | None:
     return f"must be one of {', '.join(_ALL_SPECULATORS)} or null, got {shown(value)}"
 
 
+described(_executor, {"enum": list(EXECUTORS)})
 described(_speculator, {"enum": [*_ALL_SPECULATORS, None]})
 
 
