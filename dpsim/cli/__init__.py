@@ -113,6 +113,17 @@ def command_modules(command: str | None = None) -> list[ModuleType]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    debug_before = os.environ.get(DEBUG_ENV)
+    try:
+        return _main(argv)
+    finally:
+        if debug_before is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = debug_before
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         # Inside: building the parser imports every command (torch among
         # them), seconds in which a Ctrl-C must not print a traceback.
@@ -123,6 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return EXIT_USAGE
         if getattr(arguments, "debug", False):
+            # Children inherit it; the process (a test calling main) gets
+            # its own value back when main returns.
             os.environ[DEBUG_ENV] = "1"
         return int(arguments.run(arguments))
     except UsageError as error:
