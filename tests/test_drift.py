@@ -240,7 +240,9 @@ def _unmodified(
         tree = _tree(factory.mktemp("unmodified"), None)
         flags = ("--lane", "runner") if lane == "runner" else ()
         status, summary, err = _check(tree, capsys, *flags)
-        assert status == 0 and "Traceback" not in err, err
+        # A verdict, pass or a real finding (the runner lane's few cases may
+        # meet finding 13 of 0.33.0), never dpsim's error.
+        assert status in (0, 1) and "Traceback" not in err, err
         _UNMODIFIED[lane] = (status, _verdicts(summary))
     return _UNMODIFIED[lane]
 

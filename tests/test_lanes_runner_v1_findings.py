@@ -222,8 +222,8 @@ def _check(
 #: search's schedule depends on its budget, so the test runs the default one;
 #: stopping at the first failure, it runs only that many cases.
 FOUND_PLAIN = (
-    ("dummy-local-count", "0.21.0", 0, "no-error", 5),
-    ("dummy-local-count", "0.33.0", 0, "no-error", 5),
+    ("dummy-local-count", "0.21.0", 0, "no-error", 7),
+    ("dummy-local-count", "0.33.0", 0, "no-error", 7),
     ("launcher-gate", "0.21.0", 0, "no-hang", 5),
     ("launcher-gate", "0.33.0", 0, "no-hang", 5),
 )

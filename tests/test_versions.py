@@ -94,7 +94,7 @@ def test_targets_checked_in_children_keep_their_order_and_a_dead_child_is_a_row(
         (
             "0.17.0",
             "error",
-            "TargetError: vllm 0.17.0 is older than dpsim supports with the V2 "
+            "vllm 0.17.0 is older than dpsim supports with the V2 "
             "runner (0.18.0 and later): the vLLM 0.15-0.17 API "
             "(get_cudagraph_and_dp_padding, no capture manager) and anything before "
             "it are not adapted (--runner v1 tests its V1 runner); refused without "
